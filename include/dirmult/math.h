@@ -1,0 +1,258 @@
+// The Dirichlet-multinomial math, shared by the CPU and CUDA kernels.
+//
+// Everything is written on the log-rising-factorial (log-Pochhammer) form
+//
+//   lnpoch(a, n)  = lgamma(a + n) - lgamma(a)
+//   adpoch(a, n)  = a * (digamma(a + n) - digamma(a))
+//
+// because the naive lgamma/digamma differences lose all their digits in float32
+// once a is large (lgamma(1e6 + 1) - lgamma(1e6) is off by 6%), and because
+// n = 0 contributes exactly 0 to both, so kernels can skip zero counts.
+//
+// Three evaluation paths, chosen per term:
+//  * n an integer in [1, kMaxExactCount]: an exact finite product (one log).
+//    For a < kStirlingMin the factors are (a + k); above it they are
+//    (1 + k / a) and n * log(a) is added separately, so nothing overflows.
+//  * a >= kStirlingMin, any real n: the difference of two Stirling series,
+//    rearranged so that the large parts cancel analytically (log1p form).
+//  * a < kStirlingMin, non-integer or large n: shift a up by m integer steps
+//    with the recurrence and fall into the Stirling path.
+// log(a) is always passed in (the caller holds log_alpha), which keeps tiny
+// concentrations exact: lnpoch(a, n) = log(a) + log((a+1)...(a+n-1)).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define DM_HOST_DEVICE __host__ __device__ __forceinline__
+#else
+#define DM_HOST_DEVICE inline
+#endif
+
+namespace dirmult {
+
+// Counts up to this value (integers) take the exact-product path.
+constexpr int kMaxExactCount = 16;
+
+template <typename T>
+struct Tuning;
+template <>
+struct Tuning<float> {
+  // Stirling with 3 correction terms at x >= 8 is accurate to ~3e-10.
+  static constexpr float kStirlingMin = 8.0f;
+};
+template <>
+struct Tuning<double> {
+  // Stirling with 5 correction terms at x >= 10 is accurate to ~2e-14.
+  static constexpr double kStirlingMin = 10.0;
+};
+
+DM_HOST_DEVICE float dm_log(float x) { return logf(x); }
+DM_HOST_DEVICE double dm_log(double x) { return log(x); }
+DM_HOST_DEVICE float dm_log1p(float x) { return log1pf(x); }
+DM_HOST_DEVICE double dm_log1p(double x) { return log1p(x); }
+DM_HOST_DEVICE float dm_exp(float x) { return expf(x); }
+DM_HOST_DEVICE double dm_exp(double x) { return exp(x); }
+DM_HOST_DEVICE float dm_floor(float x) { return floorf(x); }
+DM_HOST_DEVICE double dm_floor(double x) { return floor(x); }
+DM_HOST_DEVICE float dm_ceil(float x) { return ceilf(x); }
+DM_HOST_DEVICE double dm_ceil(double x) { return ceil(x); }
+
+// A count is usable when it is finite and non-negative; anything else makes
+// the row NaN (see the README's "bad input" section).
+template <typename T>
+DM_HOST_DEVICE bool is_valid_count(T n) {
+  return n >= T(0) && n < T(INFINITY);
+}
+template <typename T>
+DM_HOST_DEVICE bool is_finite(T x) {
+  return x - x == T(0);
+}
+
+// D(x) = lgamma(x) - [(x - 1/2) log x - x + log(2 pi) / 2], x >= kStirlingMin.
+DM_HOST_DEVICE float stirling_correction(float x) {
+  const float r = 1.0f / x, r2 = r * r;
+  return r * (1.0f / 12 - r2 * (1.0f / 360 - r2 * (1.0f / 1260)));
+}
+DM_HOST_DEVICE double stirling_correction(double x) {
+  const double r = 1.0 / x, r2 = r * r;
+  return r * (1.0 / 12 -
+              r2 * (1.0 / 360 -
+                    r2 * (1.0 / 1260 - r2 * (1.0 / 1680 - r2 * (1.0 / 1188)))));
+}
+
+// F(x) with digamma(x) = log x - 1/(2x) - F(x), x >= kStirlingMin.
+DM_HOST_DEVICE float digamma_correction(float x) {
+  const float r2 = 1.0f / (x * x);
+  return r2 * (1.0f / 12 - r2 * (1.0f / 120 - r2 * (1.0f / 252)));
+}
+DM_HOST_DEVICE double digamma_correction(double x) {
+  const double r2 = 1.0 / (x * x);
+  return r2 * (1.0 / 12 -
+               r2 * (1.0 / 120 -
+                     r2 * (1.0 / 252 - r2 * (1.0 / 240 - r2 * (1.0 / 132)))));
+}
+
+// ---------------------------------------------------------------------------
+// Exact path: integer n in [1, kMaxExactCount].
+//
+// Factors f_k = (a + k) * s for k = 1..n-1 with s = 1 (small a) or s = 1/a
+// (large a); P = prod f_k and Q = dP/d(a*s)-style running sum give
+//   lnpoch = (small ? log a : n log a) + log P
+//   adpoch = small ? 1 + a * Q / P : 1 + Q / P
+// where Q / P = sum_k 1 / f_k. The product form needs one log per term
+// instead of n, and the large-a scaling keeps P within (1, 3^16).
+// ---------------------------------------------------------------------------
+template <typename T>
+struct ExactFactors {
+  T base;   // f_0 offset: a (small) or 1 (large)
+  T step;   // per-k increment: 1 (small) or 1/a (large)
+  bool small;
+};
+
+template <typename T>
+DM_HOST_DEVICE ExactFactors<T> exact_factors(T a) {
+  const bool small = a < Tuning<T>::kStirlingMin;
+  return {small ? a : T(1), small ? T(1) : T(1) / a, small};
+}
+
+template <typename T>
+DM_HOST_DEVICE T lnpoch_exact(const ExactFactors<T>& f, T log_a, int n) {
+  T p = T(1);
+  for (int k = 1; k < n; ++k) p *= f.base + T(k) * f.step;
+  return (f.small ? log_a : T(n) * log_a) + dm_log(p);
+}
+
+template <typename T>
+DM_HOST_DEVICE T adpoch_exact(const ExactFactors<T>& f, T a, int n) {
+  T p = T(1), q = T(0);
+  for (int k = 1; k < n; ++k) {
+    const T t = f.base + T(k) * f.step;
+    q = q * t + p;
+    p *= t;
+  }
+  return T(1) + (f.small ? a : T(1)) * (q / p);
+}
+
+// ---------------------------------------------------------------------------
+// Stirling path: a >= kStirlingMin, any real n >= 0.
+//   lnpoch = n log a + (a + n - 1/2) log1p(n/a) - n + D(a+n) - D(a)
+//   dpoch  = log1p(n/a) + n / (2 a (a+n)) + F(a) - F(a+n)
+// ---------------------------------------------------------------------------
+template <typename T>
+DM_HOST_DEVICE T lnpoch_stirling(T a, T log_a, T n) {
+  const T x = n / a;
+  return n * log_a + ((a + n - T(0.5)) * dm_log1p(x) - n) +
+         (stirling_correction(a + n) - stirling_correction(a));
+}
+
+template <typename T>
+DM_HOST_DEVICE T dpoch_stirling(T a, T n) {
+  const T x = n / a;
+  return dm_log1p(x) + T(0.5) * x / (a + n) +
+         (digamma_correction(a) - digamma_correction(a + n));
+}
+
+// ---------------------------------------------------------------------------
+// General path: any a > 0, any real n > 0.
+// For small a, shift by m = ceil(kStirlingMin - a) steps:
+//   lnpoch(a, n) = lnpoch(a+m, n) + lnpoch(a, m) - lnpoch(a+n, m)
+// ---------------------------------------------------------------------------
+template <typename T>
+DM_HOST_DEVICE T lnpoch_general(T a, T log_a, T n) {
+  const T lo = Tuning<T>::kStirlingMin;
+  if (a >= lo) return lnpoch_stirling(a, log_a, n);
+  const int m = static_cast<int>(dm_ceil(lo - a));
+  const T am = a + T(m);
+  // lnpoch(a, m) = log a + log prod_{k=1}^{m-1} (a + k)
+  T p1 = T(1);
+  for (int k = 1; k < m; ++k) p1 *= a + T(k);
+  // lnpoch(a+n, m) = m log(a+n) + log prod_{k<m} (1 + k/(a+n)): no overflow
+  // however large n is.
+  const T an = a + n;
+  T p2 = T(1);
+  for (int k = 1; k < m; ++k) p2 *= T(1) + T(k) / an;
+  return lnpoch_stirling(am, dm_log(am), n) +
+         ((log_a + dm_log(p1)) - (T(m) * dm_log(an) + dm_log(p2)));
+}
+
+template <typename T>
+DM_HOST_DEVICE T adpoch_general(T a, T n) {
+  const T lo = Tuning<T>::kStirlingMin;
+  if (a >= lo) return a * dpoch_stirling(a, n);
+  const int m = static_cast<int>(dm_ceil(lo - a));
+  // a * sum_{k<m} [1/(a+k) - 1/(a+n+k)] = n/(a+n) + sum_{k>=1} a n / ((a+k)(a+n+k)),
+  // written without the cancelling difference.
+  T s = n / (a + n);
+  for (int k = 1; k < m; ++k) s += a * n / ((a + T(k)) * (a + n + T(k)));
+  return a * dpoch_stirling(a + T(m), n) + s;
+}
+
+// ---------------------------------------------------------------------------
+// Entry points. a > 0, log_a = log(a), n >= 0 (callers check validity).
+// ---------------------------------------------------------------------------
+template <typename T>
+DM_HOST_DEVICE bool is_exact_count(T n) {
+  return n <= T(kMaxExactCount) && n == dm_floor(n);
+}
+
+template <typename T>
+DM_HOST_DEVICE T lnpoch(T a, T log_a, T n) {
+  if (n == T(0)) return T(0);
+  if (is_exact_count(n)) {
+    return lnpoch_exact(exact_factors(a), log_a, static_cast<int>(n));
+  }
+  return lnpoch_general(a, log_a, n);
+}
+
+// Same, with the per-column factors precomputed by the caller.
+template <typename T>
+DM_HOST_DEVICE T lnpoch(const ExactFactors<T>& f, T a, T log_a, T n) {
+  if (n == T(0)) return T(0);
+  if (is_exact_count(n)) return lnpoch_exact(f, log_a, static_cast<int>(n));
+  return lnpoch_general(a, log_a, n);
+}
+
+template <typename T>
+DM_HOST_DEVICE T adpoch(T a, T n) {
+  if (n == T(0)) return T(0);
+  if (is_exact_count(n)) {
+    return adpoch_exact(exact_factors(a), a, static_cast<int>(n));
+  }
+  return adpoch_general(a, n);
+}
+
+template <typename T>
+DM_HOST_DEVICE T adpoch(const ExactFactors<T>& f, T a, T n) {
+  if (n == T(0)) return T(0);
+  if (is_exact_count(n)) return adpoch_exact(f, a, static_cast<int>(n));
+  return adpoch_general(a, n);
+}
+
+// digamma(a + n) - digamma(a), for a > 0 (row terms: a = A, n = N).
+template <typename T>
+DM_HOST_DEVICE T dpoch(T a, T n) {
+  if (n == T(0)) return T(0);
+  return adpoch(a, n) / a;
+}
+
+// log(n!) = lnpoch(1, n): the multinomial coefficient's pieces.
+template <typename T>
+DM_HOST_DEVICE T log_factorial(T n) {
+  return lnpoch(T(1), T(0), n);
+}
+
+// digamma(x), x > 0: recurrence up to kStirlingMin, then the series.
+template <typename T>
+DM_HOST_DEVICE T digamma(T x) {
+  if (!(x > T(0)) || !is_finite(x)) return x == T(INFINITY) ? x : T(NAN);
+  T shift = T(0);
+  while (x < Tuning<T>::kStirlingMin) {
+    shift += T(1) / x;
+    x += T(1);
+  }
+  return dm_log(x) - T(0.5) / x - digamma_correction(x) - shift;
+}
+
+}  // namespace dirmult

@@ -1,0 +1,24 @@
+"""dirmult_ext: the Dirichlet-multinomial log-likelihood as fused C++/CUDA
+PyTorch custom ops (``torch.ops.dirmult.*``), with autograd, fake kernels for
+torch.compile/export, and TorchScript support.
+"""
+from ._version import __version__
+from ._ops import BUILD_INFO, CUDA_KERNELS
+from .api import (DirichletMultinomialLogLik, log_lik, log_lik_components,
+                  reference_log_lik)
+
+
+def build_info() -> dict:
+    """How this package was built, and what it runs with."""
+    import torch
+    info = dict(BUILD_INFO)
+    info["torch"] = torch.__version__
+    info["torch_cuda"] = torch.version.cuda
+    info["cuda_kernels_loaded"] = CUDA_KERNELS
+    t = info["torch_target_version"]
+    info["torch_target"] = f"{(t >> 56) & 0xff}.{(t >> 48) & 0xff}"
+    return info
+
+
+__all__ = ["__version__", "build_info", "log_lik", "log_lik_components",
+           "DirichletMultinomialLogLik", "reference_log_lik"]

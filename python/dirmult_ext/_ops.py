@@ -1,0 +1,106 @@
+"""Loads the native libraries and gives the dirmult ops their fake (meta)
+kernels and autograd formulas.
+
+The op schemas and the CPU kernels live in ``_C`` (loaded on import); the
+CUDA kernels live in ``_C_cuda.so``, loaded only when this torch has CUDA.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from . import _C
+
+_HERE = Path(__file__).resolve().parent
+BUILD_INFO: dict = dict(_C.build_info())
+
+
+def _cuda_major(version: str) -> str:
+    return version.split(".")[0] if version else ""
+
+
+def _load_cuda_kernels() -> bool:
+    lib = _HERE / "_C_cuda.so"
+    if torch.version.cuda is None or not lib.exists():
+        return False
+    built = BUILD_INFO["cuda_version"]
+    if _cuda_major(built) != _cuda_major(torch.version.cuda):
+        raise ImportError(
+            f"dirmult_ext was built for CUDA {built} but this torch uses CUDA "
+            f"{torch.version.cuda}. Install the dirmult_ext wheel whose local "
+            f"version tag matches your torch (e.g. +cu{torch.version.cuda.replace('.', '')[:3]}), "
+            "or build from source against this torch.")
+    torch.ops.load_library(str(lib))
+    return True
+
+
+CUDA_KERNELS = _load_cuda_kernels()
+ops = torch.ops.dirmult
+
+
+# ---------------------------------------------------------------- fake kernels
+@torch.library.register_fake("dirmult::log_lik")
+def _log_lik_fake(counts, log_alpha, normalize=False):
+    return counts.new_empty(counts.shape[:-1], dtype=log_alpha.dtype)
+
+
+@torch.library.register_fake("dirmult::log_lik_backward")
+def _log_lik_backward_fake(grad, counts, log_alpha, normalize, counts_grad):
+    grad_counts_shape = counts.shape if counts_grad else (0,)
+    return (torch.empty_like(log_alpha),
+            counts.new_empty(grad_counts_shape, dtype=log_alpha.dtype))
+
+
+@torch.library.register_fake("dirmult::log_lik_components")
+def _components_fake(counts, log_alpha, normalize=False):
+    return counts.new_empty((counts.shape[0], log_alpha.shape[0]), dtype=log_alpha.dtype)
+
+
+@torch.library.register_fake("dirmult::log_lik_components_backward")
+def _components_backward_fake(grad, counts, log_alpha):
+    return torch.empty_like(log_alpha)
+
+
+@torch.library.register_fake("dirmult::poch_terms")
+def _poch_terms_fake(alpha, n):
+    return torch.empty_like(alpha), torch.empty_like(alpha)
+
+
+# -------------------------------------------------------------------- autograd
+def _log_lik_setup(ctx, inputs, output):
+    counts, log_alpha, normalize = inputs
+    ctx.save_for_backward(counts, log_alpha)
+    ctx.normalize = normalize
+
+
+def _log_lik_backward(ctx, grad):
+    counts, log_alpha = ctx.saved_tensors
+    need_counts = bool(ctx.needs_input_grad[0])
+    grad_la, grad_counts = ops.log_lik_backward(
+        grad.contiguous(), counts, log_alpha, ctx.normalize, need_counts)
+    return (grad_counts.to(counts.dtype) if need_counts else None,
+            grad_la if ctx.needs_input_grad[1] else None,
+            None)
+
+
+torch.library.register_autograd("dirmult::log_lik", _log_lik_backward,
+                                setup_context=_log_lik_setup)
+
+
+def _components_setup(ctx, inputs, output):
+    counts, log_alpha, normalize = inputs
+    ctx.save_for_backward(counts, log_alpha)
+
+
+def _components_backward(ctx, grad):
+    counts, log_alpha = ctx.saved_tensors
+    if ctx.needs_input_grad[0]:
+        raise NotImplementedError(
+            "dirmult: log_lik_components has no gradient with respect to counts")
+    grad_la = ops.log_lik_components_backward(grad.contiguous(), counts, log_alpha)
+    return None, grad_la, None
+
+
+torch.library.register_autograd("dirmult::log_lik_components", _components_backward,
+                                setup_context=_components_setup)

@@ -1,0 +1,178 @@
+"""The user-facing functions and module over the dirmult ops."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor, nn
+
+from ._ops import ops
+
+COUNT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16,
+                torch.int32, torch.int64, torch.uint8)
+
+
+def _compute_dtype(counts: Tensor, log_alpha: Tensor) -> torch.dtype:
+    if counts.dtype == torch.float64 or log_alpha.dtype == torch.float64:
+        return torch.float64
+    return torch.float32
+
+
+def _check_inputs(counts, log_alpha, name: str = "log_alpha") -> None:
+    if not isinstance(counts, Tensor):
+        raise TypeError(f"counts must be a torch.Tensor, got {type(counts).__name__}")
+    if not isinstance(log_alpha, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(log_alpha).__name__}")
+    if counts.dtype not in COUNT_DTYPES:
+        raise ValueError(
+            f"counts must have dtype float32, float64, float16, bfloat16, int32, int64 "
+            f"or uint8, got {counts.dtype}")
+    if not log_alpha.is_floating_point():
+        raise ValueError(f"{name} must be a floating-point tensor, got {log_alpha.dtype}")
+    if counts.dim() < 1:
+        raise ValueError("counts must have shape (..., V) with at least one dimension, "
+                         "got a 0-d tensor")
+    if counts.device != log_alpha.device:
+        raise ValueError(f"counts and {name} must be on the same device, got "
+                         f"{counts.device} and {log_alpha.device}")
+
+
+def _check_finite(counts: Tensor, log_alpha: Tensor, name: str) -> None:
+    # Host synchronization: only when the caller asks for validation.
+    if counts.is_floating_point() and not bool(torch.isfinite(counts).all()):
+        raise ValueError("counts contains NaN or infinite values")
+    if bool((counts < 0).any()):
+        raise ValueError("counts contains negative values")
+    if not bool(torch.isfinite(log_alpha).all()):
+        raise ValueError(f"{name} contains NaN or infinite values")
+
+
+def log_lik(counts: Tensor, log_alpha: Optional[Tensor] = None, *,
+            alpha: Optional[Tensor] = None, normalize: bool = False,
+            validate: bool = False) -> Tensor:
+    r"""Dirichlet-multinomial log-likelihood of count vectors.
+
+    .. math::
+        \log p(n \mid \alpha) = \sum_v \mathrm{lnpoch}(\alpha_v, n_v) - \mathrm{lnpoch}(A, N)
+        \;[+\; \log N! - \textstyle\sum_v \log n_v!]
+
+    with :math:`\mathrm{lnpoch}(a, n) = \log\Gamma(a+n) - \log\Gamma(a)`,
+    :math:`A = \sum_v \alpha_v`, :math:`N = \sum_v n_v`. The bracketed
+    multinomial coefficient is added when ``normalize=True`` (the normalized
+    pmf); without it the value is the likelihood of one ordered sequence.
+
+    Args:
+        counts: ``(..., V)`` counts; float32/float64/float16/bfloat16 or
+            int32/int64/uint8. Non-integer counts use the Gamma-function
+            extension. Any leading batch shape, including none and zero-size.
+        log_alpha: log-concentrations, ``(V,)`` shared by all rows or of
+            ``counts``' shape (one concentration vector per row).
+        alpha: the concentrations themselves, instead of ``log_alpha``.
+        normalize: add the multinomial coefficient.
+        validate: raise ``ValueError`` on negative or non-finite counts or
+            non-finite concentrations (synchronizes with the device). Without
+            it such a row's result is NaN (non-finite shared ``log_alpha``
+            makes every row NaN).
+
+    Returns:
+        ``counts.shape[:-1]`` log-likelihoods, float64 if ``counts`` or the
+        concentration is float64, else float32 (float16/bfloat16/integer
+        counts are computed in float32).
+
+    Differentiable with respect to ``log_alpha``/``alpha`` and to floating
+    ``counts``.
+    """
+    if (log_alpha is None) == (alpha is None):
+        raise ValueError("pass exactly one of log_alpha and alpha")
+    name = "log_alpha"
+    if alpha is not None:
+        _check_inputs(counts, alpha, "alpha")
+        name = "alpha"
+        log_alpha = alpha.log()
+    _check_inputs(counts, log_alpha, name)
+    V = counts.shape[-1]
+    if log_alpha.shape != counts.shape and not (log_alpha.dim() == 1 and log_alpha.shape[0] == V):
+        raise ValueError(
+            f"{name} must have shape ({V},) (shared) or counts' shape {tuple(counts.shape)} "
+            f"(per-sample), got {tuple(log_alpha.shape)}")
+    log_alpha = log_alpha.to(_compute_dtype(counts, log_alpha))
+    if validate:
+        _check_finite(counts, log_alpha, name)
+    return ops.log_lik(counts, log_alpha, normalize)
+
+
+def log_lik_components(counts: Tensor, log_alpha: Tensor, *,
+                       normalize: bool = False) -> Tensor:
+    r"""Log-likelihood of every row of ``counts`` under each of K components.
+
+    Args:
+        counts: ``(B, V)`` counts (dtypes as :func:`log_lik`).
+        log_alpha: ``(K, V)`` log-concentrations, one row per component.
+        normalize: add the multinomial coefficient.
+
+    Returns:
+        ``(B, K)``: ``out[b, k] = log_lik(counts[b], log_alpha[k])``, computed
+        in one pass over the counts per block of components. Differentiable
+        with respect to ``log_alpha``.
+    """
+    _check_inputs(counts, log_alpha)
+    if counts.dim() != 2:
+        raise ValueError(f"counts must be (B, V), got shape {tuple(counts.shape)}")
+    if log_alpha.dim() != 2 or log_alpha.shape[1] != counts.shape[1]:
+        raise ValueError(f"log_alpha must be (K, {counts.shape[1]}), got "
+                         f"{tuple(log_alpha.shape)}")
+    log_alpha = log_alpha.to(_compute_dtype(counts, log_alpha))
+    return ops.log_lik_components(counts, log_alpha, normalize)
+
+
+class DirichletMultinomialLogLik(nn.Module):
+    """Holds ``log_alpha`` (V,) as a parameter; ``forward(counts)`` returns
+    the per-row DM log-likelihood (the drop-in for the reference model in
+    the README). Scriptable with ``torch.jit.script``.
+
+    Args:
+        num_categories: V.
+        init_log_alpha: initial value (V,), default zeros (alpha = 1).
+        normalize: add the multinomial coefficient.
+    """
+
+    def __init__(self, num_categories: int, init_log_alpha: Optional[Tensor] = None,
+                 normalize: bool = False, dtype: torch.dtype = torch.float32):
+        super().__init__()
+        if init_log_alpha is None:
+            init_log_alpha = torch.zeros(num_categories, dtype=dtype)
+        if init_log_alpha.shape != (num_categories,):
+            raise ValueError(f"init_log_alpha must have shape ({num_categories},), "
+                             f"got {tuple(init_log_alpha.shape)}")
+        self.log_alpha = nn.Parameter(init_log_alpha.detach().clone().to(dtype))
+        self.normalize = normalize
+
+    def forward(self, counts: Tensor) -> Tensor:
+        if counts.shape[-1] != self.log_alpha.shape[0]:
+            raise ValueError("counts' last dimension must equal num_categories")
+        la = self.log_alpha
+        if counts.dtype == torch.float64:
+            la = la.to(torch.float64)
+        return torch.ops.dirmult.log_lik(counts, la, self.normalize)
+
+    def extra_repr(self) -> str:
+        return f"num_categories={self.log_alpha.shape[0]}, normalize={self.normalize}"
+
+
+def reference_log_lik(counts: Tensor, log_alpha: Tensor, normalize: bool = False) -> Tensor:
+    """The plain-PyTorch formula (lgamma differences), as users write it.
+
+    Used as the benchmark peer and as a float64 reference in tests; it loses
+    accuracy in float32 for large concentrations (see the README).
+    """
+    alpha = log_alpha.exp()
+    if alpha.dim() == 1:
+        alpha = alpha.expand_as(counts)
+    counts = counts.to(alpha.dtype)
+    A = alpha.sum(-1)
+    N = counts.sum(-1)
+    out = (torch.lgamma(A) - torch.lgamma(N + A)
+           + (torch.lgamma(counts + alpha) - torch.lgamma(alpha)).sum(-1))
+    if normalize:
+        out = out + torch.lgamma(N + 1) - torch.lgamma(counts + 1).sum(-1)
+    return out

@@ -1,0 +1,46 @@
+// Dispatch over the count dtypes the kernels read natively (no conversion
+// pass: integers and half types are converted in registers).
+#pragma once
+
+#include <torch/headeronly/core/ScalarType.h>
+#include <torch/headeronly/util/BFloat16.h>
+#include <torch/headeronly/util/Exception.h>
+#include <torch/headeronly/util/Half.h>
+
+#include <cstdint>
+
+#define DM_COUNT_CASE(ENUM, TYPE, ...)    \
+  case torch::headeronly::ScalarType::ENUM: { \
+    using count_t = TYPE;                 \
+    __VA_ARGS__();                        \
+    break;                                \
+  }
+
+#define DM_DISPATCH_COUNTS(DTYPE, ...)                                     \
+  switch (DTYPE) {                                                         \
+    DM_COUNT_CASE(Float, float, __VA_ARGS__)                               \
+    DM_COUNT_CASE(Double, double, __VA_ARGS__)                             \
+    DM_COUNT_CASE(Half, c10::Half, __VA_ARGS__)                            \
+    DM_COUNT_CASE(BFloat16, c10::BFloat16, __VA_ARGS__)                    \
+    DM_COUNT_CASE(Int, int32_t, __VA_ARGS__)                               \
+    DM_COUNT_CASE(Long, int64_t, __VA_ARGS__)                              \
+    DM_COUNT_CASE(Byte, uint8_t, __VA_ARGS__)                              \
+    default:                                                               \
+      STD_TORCH_CHECK(false, "dirmult: unsupported counts dtype");         \
+  }
+
+#define DM_DISPATCH_COMPUTE(DTYPE, ...)                                    \
+  switch (DTYPE) {                                                         \
+    case torch::headeronly::ScalarType::Float: {                           \
+      using scalar_t = float;                                              \
+      __VA_ARGS__();                                                       \
+      break;                                                               \
+    }                                                                      \
+    case torch::headeronly::ScalarType::Double: {                          \
+      using scalar_t = double;                                             \
+      __VA_ARGS__();                                                       \
+      break;                                                               \
+    }                                                                      \
+    default:                                                               \
+      STD_TORCH_CHECK(false, "dirmult: log_alpha must be float32/float64"); \
+  }

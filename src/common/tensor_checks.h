@@ -1,0 +1,92 @@
+// Argument checks shared by the CPU and CUDA implementations. The Python
+// wrappers check the same things first with friendlier ValueErrors; these are
+// the backstop for direct torch.ops.dirmult.* callers.
+#pragma once
+
+#include <torch/csrc/stable/library.h>
+#include <torch/csrc/stable/ops.h>
+#include <torch/csrc/stable/tensor.h>
+#include <torch/headeronly/core/ScalarType.h>
+#include <torch/headeronly/util/Exception.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace dirmult {
+
+using torch::stable::Tensor;
+using torch::headeronly::ScalarType;
+
+inline bool is_supported_count_dtype(ScalarType t) {
+  switch (t) {
+    case ScalarType::Float:
+    case ScalarType::Double:
+    case ScalarType::Half:
+    case ScalarType::BFloat16:
+    case ScalarType::Int:
+    case ScalarType::Long:
+    case ScalarType::Byte:
+      return true;
+    default:
+      return false;
+  }
+}
+
+inline bool is_compute_dtype(ScalarType t) {
+  return t == ScalarType::Float || t == ScalarType::Double;
+}
+
+inline void check_same_device(const Tensor& a, const char* a_name,
+                              const Tensor& b, const char* b_name) {
+  STD_TORCH_CHECK(a.get_device_index() == b.get_device_index() &&
+                      a.is_cuda() == b.is_cuda(),
+                  "dirmult: ", a_name, " and ", b_name,
+                  " must be on the same device");
+}
+
+inline void check_counts(const Tensor& counts) {
+  STD_TORCH_CHECK(counts.dim() >= 1,
+                  "dirmult: counts must have at least 1 dimension (..., V), "
+                  "got a 0-d tensor");
+  STD_TORCH_CHECK(is_supported_count_dtype(counts.scalar_type()),
+                  "dirmult: counts must be float32, float64, float16, "
+                  "bfloat16, int32, int64 or uint8");
+}
+
+// log_alpha is (V,) shared across rows, or counts' shape (per-sample).
+// Returns true when shared.
+inline bool check_log_alpha(const Tensor& counts, const Tensor& log_alpha) {
+  check_counts(counts);
+  STD_TORCH_CHECK(is_compute_dtype(log_alpha.scalar_type()),
+                  "dirmult: log_alpha must be float32 or float64 (it sets the "
+                  "compute dtype)");
+  check_same_device(counts, "counts", log_alpha, "log_alpha");
+  const int64_t V = counts.size(counts.dim() - 1);
+  if (log_alpha.dim() == 1 && counts.dim() != 1) {
+    STD_TORCH_CHECK(log_alpha.size(0) == V, "dirmult: log_alpha has ",
+                    log_alpha.size(0), " categories but counts has V=", V);
+    return true;
+  }
+  STD_TORCH_CHECK(log_alpha.dim() == counts.dim(),
+                  "dirmult: log_alpha must be (V,) or have counts' shape");
+  for (int64_t d = 0; d < counts.dim(); ++d) {
+    STD_TORCH_CHECK(log_alpha.size(d) == counts.size(d),
+                    "dirmult: log_alpha must be (V,) or have counts' shape; "
+                    "mismatch at dim ", d, ": ", log_alpha.size(d), " vs ",
+                    counts.size(d));
+  }
+  return counts.dim() == 1;  // a 1-d counts vector with (V,) alpha is shared
+}
+
+inline std::vector<int64_t> batch_shape(const Tensor& counts) {
+  std::vector<int64_t> shape;
+  for (int64_t d = 0; d + 1 < counts.dim(); ++d) shape.push_back(counts.size(d));
+  return shape;
+}
+
+inline int64_t num_rows(const Tensor& counts) {
+  const int64_t V = counts.size(counts.dim() - 1);
+  return V == 0 ? 0 : counts.numel() / V;
+}
+
+}  // namespace dirmult

@@ -1,0 +1,294 @@
+// CPU kernels for dirmult::log_lik and dirmult::log_lik_backward.
+//
+// Rows are processed in parallel (torch::stable::parallel_for). Per row the
+// count total N and the concentration total A are accumulated in double, so N
+// stays exact for integer counts up to 2^53, and the row term lnpoch(A, N) is
+// evaluated in double. Column reductions for the shared-alpha gradient use a
+// fixed partition of rows that depends on the shape only, then sum the
+// partials in order: results are bitwise reproducible for any thread count.
+#include <torch/csrc/stable/library.h>
+#include <torch/csrc/stable/ops.h>
+#include <torch/csrc/stable/tensor.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <tuple>
+#include <vector>
+
+#include "../common/count_dispatch.h"
+#include "../common/tensor_checks.h"
+#include "dirmult/math.h"
+
+namespace dirmult {
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+// Per-column state for a shared concentration vector.
+template <typename scalar_t>
+struct SharedAlpha {
+  std::vector<scalar_t> alpha, log_alpha;
+  std::vector<ExactFactors<scalar_t>> factors;
+  double total = 0.0;  // A
+  bool finite = true;
+
+  SharedAlpha(const scalar_t* la, int64_t V)
+      : alpha(V), log_alpha(la, la + V), factors(V) {
+    for (int64_t v = 0; v < V; ++v) {
+      finite = finite && is_finite(la[v]);
+      alpha[v] = dm_exp(la[v]);
+      factors[v] = exact_factors(alpha[v]);
+      total += static_cast<double>(alpha[v]);
+    }
+  }
+};
+
+// The per-row part that does not depend on the columns:
+// -lnpoch(A, N) [+ log N! when normalized].
+inline double row_term(double A, double N, bool normalize) {
+  double t = -lnpoch<double>(A, std::log(A), N);
+  if (normalize) t += log_factorial<double>(N);
+  return t;
+}
+
+template <typename scalar_t, typename count_t>
+void forward_rows(const count_t* counts, const scalar_t* la, bool shared,
+                  int64_t B, int64_t V, bool normalize, scalar_t* out) {
+  if (shared) {
+    const SharedAlpha<scalar_t> sa(la, V);
+    torch::stable::parallel_for(0, B, 16, [&](int64_t b0, int64_t b1) {
+      for (int64_t b = b0; b < b1; ++b) {
+        const count_t* row = counts + b * V;
+        double s = 0.0, N = 0.0;
+        bool ok = sa.finite;
+        for (int64_t v = 0; v < V; ++v) {
+          const scalar_t n = static_cast<scalar_t>(row[v]);
+          if (n == scalar_t(0)) continue;
+          ok = ok && is_valid_count(n);
+          N += static_cast<double>(row[v]);
+          s += lnpoch(sa.factors[v], sa.alpha[v], sa.log_alpha[v], n);
+          if (normalize) s -= log_factorial(n);
+        }
+        out[b] = static_cast<scalar_t>(ok ? s + row_term(sa.total, N, normalize) : kNaN);
+      }
+    });
+    return;
+  }
+  torch::stable::parallel_for(0, B, 16, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const count_t* row = counts + b * V;
+      const scalar_t* lrow = la + b * V;
+      double s = 0.0, N = 0.0, A = 0.0;
+      bool ok = true;
+      for (int64_t v = 0; v < V; ++v) {
+        const scalar_t a = dm_exp(lrow[v]);
+        ok = ok && is_finite(lrow[v]);
+        A += static_cast<double>(a);
+        const scalar_t n = static_cast<scalar_t>(row[v]);
+        if (n == scalar_t(0)) continue;
+        ok = ok && is_valid_count(n);
+        N += static_cast<double>(row[v]);
+        s += lnpoch(a, lrow[v], n);
+        if (normalize) s -= log_factorial(n);
+      }
+      out[b] = static_cast<scalar_t>(ok ? s + row_term(A, N, normalize) : kNaN);
+    }
+  });
+}
+
+// Row totals N_b and A_b (A_b = A for shared alpha); NaN N_b marks a bad row.
+template <typename scalar_t, typename count_t>
+void row_totals(const count_t* counts, const scalar_t* la, bool shared,
+                int64_t b, int64_t V, double shared_A, double& N, double& A) {
+  const count_t* row = counts + b * V;
+  N = 0.0;
+  A = shared ? shared_A : 0.0;
+  bool ok = true;
+  for (int64_t v = 0; v < V; ++v) {
+    const scalar_t n = static_cast<scalar_t>(row[v]);
+    ok = ok && (n == scalar_t(0) || is_valid_count(n));
+    N += static_cast<double>(row[v]);
+    if (!shared) {
+      ok = ok && is_finite(la[b * V + v]);
+      A += static_cast<double>(dm_exp(la[b * V + v]));
+    }
+  }
+  if (!ok) N = kNaN;
+}
+
+// Shared alpha: grad_la[v] = sum_b g_b adpoch(a_v, n_bv) - a_v S,
+// S = sum_b g_b dpoch(A, N_b).
+template <typename scalar_t, typename count_t>
+void backward_shared(const scalar_t* grad, const count_t* counts,
+                     const scalar_t* la, int64_t B, int64_t V,
+                     scalar_t* grad_la) {
+  const SharedAlpha<scalar_t> sa(la, V);
+  // Fixed partition of rows into blocks; depends on (B, V) only.
+  const int64_t max_blocks = std::max<int64_t>(1, (int64_t{1} << 23) / std::max<int64_t>(V, 1));
+  const int64_t nblk = std::max<int64_t>(1, std::min<int64_t>({(B + 255) / 256, 64, max_blocks}));
+  const int64_t rows_per = (B + nblk - 1) / nblk;
+  std::vector<double> col(nblk * V, 0.0), s_part(nblk, 0.0);
+  torch::stable::parallel_for(0, nblk, 1, [&](int64_t k0, int64_t k1) {
+    for (int64_t k = k0; k < k1; ++k) {
+      double* c = col.data() + k * V;
+      double s = 0.0;
+      for (int64_t b = k * rows_per; b < std::min(B, (k + 1) * rows_per); ++b) {
+        const count_t* row = counts + b * V;
+        const double g = static_cast<double>(grad[b]);
+        double N = 0.0;
+        bool ok = true;
+        for (int64_t v = 0; v < V; ++v) {
+          const scalar_t n = static_cast<scalar_t>(row[v]);
+          if (n == scalar_t(0)) continue;
+          ok = ok && is_valid_count(n);
+          N += static_cast<double>(row[v]);
+          c[v] += g * static_cast<double>(adpoch(sa.factors[v], sa.alpha[v], n));
+        }
+        s += ok ? g * dpoch<double>(sa.total, N) : kNaN;
+      }
+      s_part[k] = s;
+    }
+  });
+  double S = 0.0;
+  for (int64_t k = 0; k < nblk; ++k) S += s_part[k];
+  if (!sa.finite) S = kNaN;
+  for (int64_t v = 0; v < V; ++v) {
+    double c = 0.0;
+    for (int64_t k = 0; k < nblk; ++k) c += col[k * V + v];
+    grad_la[v] = static_cast<scalar_t>(c - static_cast<double>(sa.alpha[v]) * S);
+  }
+}
+
+// Elementwise gradients that need the row totals first: per-sample
+// grad_log_alpha and/or grad_counts.
+template <typename scalar_t, typename count_t>
+void backward_rows(const scalar_t* grad, const count_t* counts,
+                   const scalar_t* la, bool shared, int64_t B, int64_t V,
+                   bool normalize, scalar_t* grad_la, scalar_t* grad_counts) {
+  const double shared_A = shared ? SharedAlpha<scalar_t>(la, V).total : 0.0;
+  torch::stable::parallel_for(0, B, 16, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      double N, A;
+      row_totals<scalar_t, count_t>(counts, la, shared, b, V, shared_A, N, A);
+      const double g = static_cast<double>(grad[b]);
+      const scalar_t* lrow = shared ? la : la + b * V;
+      const count_t* row = counts + b * V;
+      if (grad_la != nullptr) {
+        const double d = dpoch<double>(A, N);
+        for (int64_t v = 0; v < V; ++v) {
+          const scalar_t a = dm_exp(lrow[v]);
+          const scalar_t n = static_cast<scalar_t>(row[v]);
+          grad_la[b * V + v] = static_cast<scalar_t>(
+              g * (static_cast<double>(adpoch(a, n)) - static_cast<double>(a) * d));
+        }
+      }
+      if (grad_counts != nullptr) {
+        double row_d = -digamma<double>(N + A);
+        if (normalize) row_d += digamma<double>(N + 1.0);
+        for (int64_t v = 0; v < V; ++v) {
+          const scalar_t a = dm_exp(lrow[v]);
+          const scalar_t n = static_cast<scalar_t>(row[v]);
+          double e = static_cast<double>(digamma<scalar_t>(n + a));
+          if (normalize) e -= static_cast<double>(digamma<scalar_t>(n + scalar_t(1)));
+          grad_counts[b * V + v] = static_cast<scalar_t>(g * (e + row_d));
+        }
+      }
+    }
+  });
+}
+
+Tensor log_lik_cpu(Tensor counts, Tensor log_alpha, bool normalize) {
+  const bool shared = check_log_alpha(counts, log_alpha);
+  counts = torch::stable::contiguous(counts);
+  log_alpha = torch::stable::contiguous(log_alpha);
+  const int64_t V = counts.size(counts.dim() - 1);
+  const int64_t B = num_rows(counts);
+  Tensor out = torch::stable::new_empty(log_alpha, batch_shape(counts));
+  if (out.numel() == 0) return out;
+  DM_DISPATCH_COMPUTE(log_alpha.scalar_type(), [&] {
+    DM_DISPATCH_COUNTS(counts.scalar_type(), [&] {
+      forward_rows<scalar_t, count_t>(
+          static_cast<const count_t*>(counts.const_data_ptr()),
+          static_cast<const scalar_t*>(log_alpha.const_data_ptr()), shared, B,
+          V, normalize, static_cast<scalar_t*>(out.mutable_data_ptr()));
+    });
+  });
+  return out;
+}
+
+std::tuple<Tensor, Tensor> log_lik_backward_cpu(Tensor grad, Tensor counts,
+                                                Tensor log_alpha,
+                                                bool normalize,
+                                                bool counts_grad) {
+  const bool shared = check_log_alpha(counts, log_alpha);
+  check_same_device(grad, "grad", counts, "counts");
+  STD_TORCH_CHECK(grad.scalar_type() == log_alpha.scalar_type(),
+                  "dirmult: grad must have log_alpha's dtype");
+  STD_TORCH_CHECK(grad.numel() == num_rows(counts),
+                  "dirmult: grad must have counts' batch shape");
+  counts = torch::stable::contiguous(counts);
+  log_alpha = torch::stable::contiguous(log_alpha);
+  grad = torch::stable::contiguous(grad);
+  const int64_t V = counts.size(counts.dim() - 1);
+  const int64_t B = num_rows(counts);
+  Tensor grad_la = torch::stable::new_zeros(log_alpha, log_alpha.sizes());
+  std::vector<int64_t> counts_grad_shape{0};
+  if (counts_grad) counts_grad_shape.assign(counts.sizes().begin(), counts.sizes().end());
+  Tensor grad_counts = torch::stable::new_zeros(log_alpha, counts_grad_shape);
+  if (B == 0 || V == 0) return {grad_la, grad_counts};
+  DM_DISPATCH_COMPUTE(log_alpha.scalar_type(), [&] {
+    DM_DISPATCH_COUNTS(counts.scalar_type(), [&] {
+      const auto* g = static_cast<const scalar_t*>(grad.const_data_ptr());
+      const auto* n = static_cast<const count_t*>(counts.const_data_ptr());
+      const auto* la = static_cast<const scalar_t*>(log_alpha.const_data_ptr());
+      auto* gla = static_cast<scalar_t*>(grad_la.mutable_data_ptr());
+      auto* gc = counts_grad ? static_cast<scalar_t*>(grad_counts.mutable_data_ptr()) : nullptr;
+      if (shared) backward_shared<scalar_t, count_t>(g, n, la, B, V, gla);
+      if (!shared || gc != nullptr) {
+        backward_rows<scalar_t, count_t>(g, n, la, shared, B, V, normalize,
+                                         shared ? nullptr : gla, gc);
+      }
+    });
+  });
+  return {grad_la, grad_counts};
+}
+
+std::tuple<Tensor, Tensor> poch_terms_cpu(Tensor alpha, Tensor n) {
+  STD_TORCH_CHECK(is_compute_dtype(alpha.scalar_type()) &&
+                      n.scalar_type() == alpha.scalar_type(),
+                  "dirmult: poch_terms takes float32/float64 alpha and n of one dtype");
+  STD_TORCH_CHECK(alpha.numel() == n.numel(), "dirmult: poch_terms needs alpha and n of one size");
+  alpha = torch::stable::contiguous(alpha);
+  n = torch::stable::contiguous(n);
+  Tensor lnp = torch::stable::empty_like(alpha);
+  Tensor adp = torch::stable::empty_like(alpha);
+  DM_DISPATCH_COMPUTE(alpha.scalar_type(), [&] {
+    const auto* a = static_cast<const scalar_t*>(alpha.const_data_ptr());
+    const auto* x = static_cast<const scalar_t*>(n.const_data_ptr());
+    auto* o1 = static_cast<scalar_t*>(lnp.mutable_data_ptr());
+    auto* o2 = static_cast<scalar_t*>(adp.mutable_data_ptr());
+    for (int64_t i = 0; i < alpha.numel(); ++i) {
+      o1[i] = lnpoch(a[i], dm_log(a[i]), x[i]);
+      o2[i] = adpoch(a[i], x[i]);
+    }
+  });
+  return {lnp, adp};
+}
+
+}  // namespace
+
+// Defined in components_cpu.cpp.
+Tensor log_lik_components_cpu(Tensor counts, Tensor log_alpha, bool normalize);
+Tensor log_lik_components_backward_cpu(Tensor grad, Tensor counts, Tensor log_alpha);
+
+}  // namespace dirmult
+
+STABLE_TORCH_LIBRARY_IMPL(dirmult, CPU, m) {
+  m.impl("log_lik", TORCH_BOX(&dirmult::log_lik_cpu));
+  m.impl("log_lik_backward", TORCH_BOX(&dirmult::log_lik_backward_cpu));
+  m.impl("log_lik_components", TORCH_BOX(&dirmult::log_lik_components_cpu));
+  m.impl("log_lik_components_backward",
+         TORCH_BOX(&dirmult::log_lik_components_backward_cpu));
+  m.impl("poch_terms", TORCH_BOX(&dirmult::poch_terms_cpu));
+}

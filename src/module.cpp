@@ -1,0 +1,22 @@
+// The _C Python module. Importing it loads this library, whose static
+// initializers register the dirmult op schemas and CPU kernels; the module
+// itself only reports how the package was built.
+#include <pybind11/pybind11.h>
+
+#include <torch/csrc/stable/version.h>
+
+#include <string>
+
+namespace py = pybind11;
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "dirmult_ext native library (op registration and build info)";
+  m.def("build_info", [] {
+    py::dict info;
+    info["version"] = DIRMULT_VERSION;
+    info["torch_target_version"] = static_cast<unsigned long long>(TORCH_TARGET_VERSION);
+    info["cuda_version"] = std::string(DIRMULT_CUDA_VERSION);
+    info["cuda_architectures"] = std::string(DIRMULT_CUDA_ARCHS);
+    return info;
+  }, "How this build of dirmult_ext was compiled.");
+}

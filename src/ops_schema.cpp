@@ -1,0 +1,25 @@
+// The dirmult operator schemas: defined once here, implemented per dispatch
+// key in src/cpu and src/cuda, given autograd and fake kernels in
+// python/dirmult_ext/_ops.py.
+#include <torch/csrc/stable/library.h>
+
+STABLE_TORCH_LIBRARY(dirmult, m) {
+  // counts (..., V); log_alpha (V,) shared or counts' shape. Returns (...).
+  m.def("log_lik(Tensor counts, Tensor log_alpha, bool normalize=False) -> Tensor");
+  // Returns (grad_log_alpha shaped like log_alpha, grad_counts shaped like
+  // counts when counts_grad else an empty (0,) tensor).
+  m.def(
+      "log_lik_backward(Tensor grad, Tensor counts, Tensor log_alpha, "
+      "bool normalize, bool counts_grad) -> (Tensor, Tensor)");
+  // counts (B, V); log_alpha (K, V) components. Returns (B, K).
+  m.def(
+      "log_lik_components(Tensor counts, Tensor log_alpha, bool normalize=False) "
+      "-> Tensor");
+  // grad (B, K) -> grad_log_alpha (K, V).
+  m.def(
+      "log_lik_components_backward(Tensor grad, Tensor counts, Tensor log_alpha) "
+      "-> Tensor");
+  // Elementwise terms (lnpoch(alpha, n), alpha * dpoch(alpha, n)) in
+  // alpha's dtype, for accuracy tests of the shared math.
+  m.def("poch_terms(Tensor alpha, Tensor n) -> (Tensor, Tensor)");
+}
