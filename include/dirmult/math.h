@@ -26,8 +26,12 @@
 
 #if defined(__CUDACC__)
 #define DM_HOST_DEVICE __host__ __device__ __forceinline__
+// The rare paths (non-integer or large counts) stay out of line on the GPU:
+// inlining them into every kernel costs registers and compile time.
+#define DM_RARE_PATH __host__ __device__ __noinline__
 #else
 #define DM_HOST_DEVICE inline
+#define DM_RARE_PATH inline
 #endif
 
 namespace dirmult {
@@ -160,7 +164,7 @@ DM_HOST_DEVICE T dpoch_stirling(T a, T n) {
 //   lnpoch(a, n) = lnpoch(a+m, n) + lnpoch(a, m) - lnpoch(a+n, m)
 // ---------------------------------------------------------------------------
 template <typename T>
-DM_HOST_DEVICE T lnpoch_general(T a, T log_a, T n) {
+DM_RARE_PATH T lnpoch_general(T a, T log_a, T n) {
   const T lo = Tuning<T>::kStirlingMin;
   if (a >= lo) return lnpoch_stirling(a, log_a, n);
   const int m = static_cast<int>(dm_ceil(lo - a));
@@ -178,7 +182,7 @@ DM_HOST_DEVICE T lnpoch_general(T a, T log_a, T n) {
 }
 
 template <typename T>
-DM_HOST_DEVICE T adpoch_general(T a, T n) {
+DM_RARE_PATH T adpoch_general(T a, T n) {
   const T lo = Tuning<T>::kStirlingMin;
   if (a >= lo) return a * dpoch_stirling(a, n);
   const int m = static_cast<int>(dm_ceil(lo - a));
@@ -245,7 +249,7 @@ DM_HOST_DEVICE T log_factorial(T n) {
 
 // digamma(x), x > 0: recurrence up to kStirlingMin, then the series.
 template <typename T>
-DM_HOST_DEVICE T digamma(T x) {
+DM_RARE_PATH T digamma(T x) {
   if (!(x > T(0)) || !is_finite(x)) return x == T(INFINITY) ? x : T(NAN);
   T shift = T(0);
   while (x < Tuning<T>::kStirlingMin) {

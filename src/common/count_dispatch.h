@@ -44,3 +44,16 @@
     default:                                                               \
       STD_TORCH_CHECK(false, "dirmult: log_alpha must be float32/float64"); \
   }
+
+// The CUDA kernels read float32, float64 and uint8 counts natively; the
+// other count dtypes are converted first (integers to float64, so totals
+// above 2^24 stay exact; half types to float32). Fewer kernel instances keep
+// the build time and the wheel size down.
+#define DM_DISPATCH_NATIVE_COUNTS(DTYPE, ...)                                \
+  switch (DTYPE) {                                                         \
+    DM_COUNT_CASE(Float, float, __VA_ARGS__)                               \
+    DM_COUNT_CASE(Double, double, __VA_ARGS__)                             \
+    DM_COUNT_CASE(Byte, uint8_t, __VA_ARGS__)                              \
+    default:                                                               \
+      STD_TORCH_CHECK(false, "dirmult: counts dtype was not converted");   \
+  }

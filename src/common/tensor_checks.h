@@ -78,6 +78,17 @@ inline bool check_log_alpha(const Tensor& counts, const Tensor& log_alpha) {
   return counts.dim() == 1;  // a 1-d counts vector with (V,) alpha is shared
 }
 
+inline void check_components(const Tensor& counts, const Tensor& log_alpha) {
+  check_counts(counts);
+  STD_TORCH_CHECK(counts.dim() == 2, "dirmult: counts must be (B, V) for log_lik_components");
+  STD_TORCH_CHECK(log_alpha.dim() == 2, "dirmult: log_alpha must be (K, V) for log_lik_components");
+  STD_TORCH_CHECK(is_compute_dtype(log_alpha.scalar_type()),
+                  "dirmult: log_alpha must be float32 or float64");
+  STD_TORCH_CHECK(log_alpha.size(1) == counts.size(1), "dirmult: log_alpha has ",
+                  log_alpha.size(1), " categories but counts has V=", counts.size(1));
+  check_same_device(counts, "counts", log_alpha, "log_alpha");
+}
+
 inline std::vector<int64_t> batch_shape(const Tensor& counts) {
   std::vector<int64_t> shape;
   for (int64_t d = 0; d + 1 < counts.dim(); ++d) shape.push_back(counts.size(d));

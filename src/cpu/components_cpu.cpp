@@ -60,16 +60,6 @@ bool gather_row(const count_t* row, int64_t V, std::vector<int64_t>& idx,
   return ok;
 }
 
-void check_components(const Tensor& counts, const Tensor& log_alpha) {
-  check_counts(counts);
-  STD_TORCH_CHECK(counts.dim() == 2, "dirmult: counts must be (B, V) for log_lik_components");
-  STD_TORCH_CHECK(log_alpha.dim() == 2, "dirmult: log_alpha must be (K, V) for log_lik_components");
-  STD_TORCH_CHECK(is_compute_dtype(log_alpha.scalar_type()),
-                  "dirmult: log_alpha must be float32 or float64");
-  STD_TORCH_CHECK(log_alpha.size(1) == counts.size(1), "dirmult: log_alpha has ",
-                  log_alpha.size(1), " categories but counts has V=", counts.size(1));
-  check_same_device(counts, "counts", log_alpha, "log_alpha");
-}
 
 }  // namespace
 

@@ -1,0 +1,107 @@
+// Per-column concentration state for shared alpha (K = 1) and mixture
+// components (K > 1), computed once per call so the count kernels do no exp
+// or division per element, and the concentration totals A_k.
+#pragma once
+
+#include "cuda_utils.cuh"
+#include "dirmult/math.h"
+
+namespace dirmult {
+namespace cuda {
+
+// One column of one component: alpha, log alpha, and the exact-path factors.
+template <typename T>
+struct alignas(4 * sizeof(T)) ColumnAlpha {
+  T a, log_a, base, step;
+
+  __device__ __forceinline__ ExactFactors<T> factors() const {
+    return {base, step, a < Tuning<T>::kStirlingMin};
+  }
+};
+
+constexpr int kPrepThreads = 256;
+// Partial totals per component; each is a fixed slice of columns, summed in
+// order by alpha_total(), so A is the same bits in every kernel and run.
+constexpr int kMaxPrepBlocks = 32;
+
+inline int prep_blocks(int64_t V) {
+  return static_cast<int>(std::min<int64_t>(kMaxPrepBlocks, std::max<int64_t>(1, ceil_div(V, 1024))));
+}
+
+// grid (prep_blocks(V), K). Apart[k * gridDim.x + blk] = sum of alpha over the
+// block's slice, NaN if any log_alpha in it is not finite.
+template <typename scalar_t>
+__global__ void __launch_bounds__(kPrepThreads)
+    alpha_prep_kernel(const scalar_t* __restrict__ log_alpha, int64_t V,
+                      ColumnAlpha<scalar_t>* __restrict__ cols, double* __restrict__ Apart) {
+  const int k = blockIdx.y;
+  const int64_t slice = ceil_div(V, gridDim.x);
+  const int64_t v0 = blockIdx.x * slice, v1 = min(V, v0 + slice);
+  double total = 0.0;
+  bool finite = true;
+  for (int64_t v = v0 + threadIdx.x; v < v1; v += blockDim.x) {
+    const scalar_t la = log_alpha[k * V + v];
+    const scalar_t a = dm_exp(la);
+    const ExactFactors<scalar_t> f = exact_factors(a);
+    cols[k * V + v] = {a, la, f.base, f.step};
+    total += static_cast<double>(a);
+    finite = finite && is_finite(la);
+  }
+  __shared__ double warp_totals[kPrepThreads / 32];
+  __shared__ int warp_finite[kPrepThreads / 32];
+  total = warp_sum(total);
+  const int all_finite = __all_sync(0xffffffffu, finite);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) {
+    warp_totals[warp] = total;
+    warp_finite[warp] = all_finite;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double s = 0.0;
+    bool ok = true;
+    for (int w = 0; w < kPrepThreads / 32; ++w) {
+      s += warp_totals[w];
+      ok = ok && warp_finite[w];
+    }
+    Apart[k * gridDim.x + blockIdx.x] = ok ? s : NAN;
+  }
+}
+
+__device__ __forceinline__ double alpha_total(const double* __restrict__ Apart, int k,
+                                              int nblk) {
+  double s = 0.0;
+  for (int i = 0; i < nblk; ++i) s += Apart[k * nblk + i];
+  return s;
+}
+
+// Workspace and launch for (K, V) log-concentrations.
+template <typename scalar_t>
+struct PreparedAlpha {
+  torch::stable::Tensor storage;  // keeps the workspace alive
+  const ColumnAlpha<scalar_t>* cols;
+  const double* Apart;
+  int nblk;
+};
+
+template <typename scalar_t>
+PreparedAlpha<scalar_t> prepare_alpha(const torch::stable::Tensor& log_alpha, int64_t K,
+                                      int64_t V, cudaStream_t stream) {
+  const int nblk = prep_blocks(V);
+  const int64_t col_bytes = K * V * static_cast<int64_t>(sizeof(ColumnAlpha<scalar_t>));
+  const int64_t bytes = col_bytes + K * nblk * static_cast<int64_t>(sizeof(double));
+  torch::stable::Tensor ws = torch::stable::new_empty(
+      log_alpha, {bytes}, torch::headeronly::ScalarType::Byte);
+  auto* base = static_cast<char*>(ws.mutable_data_ptr());
+  auto* cols = reinterpret_cast<ColumnAlpha<scalar_t>*>(base);
+  auto* Apart = reinterpret_cast<double*>(base + col_bytes);
+  if (K > 0) {
+    alpha_prep_kernel<scalar_t><<<dim3(nblk, static_cast<unsigned>(K)), kPrepThreads, 0, stream>>>(
+        static_cast<const scalar_t*>(log_alpha.const_data_ptr()), V, cols, Apart);
+    DM_CUDA_CHECK_LAUNCH();
+  }
+  return {ws, cols, Apart, nblk};
+}
+
+}  // namespace cuda
+}  // namespace dirmult

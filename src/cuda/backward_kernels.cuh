@@ -1,0 +1,255 @@
+// Backward kernels.
+//
+// Shared alpha / components (one read of the counts):
+//   grad_la[k, v] = sum_b G[b,k] adpoch(a_kv, n_bv) - a_kv * S_k,
+//   S_k = sum_b G[b,k] dpoch(A_k, N_b).
+// column_backward_kernel: a block owns 1024 columns x a tile of rows; each
+//   thread keeps its 4 columns' alpha and sums in registers down the rows
+//   (column sums need no cross-thread traffic), while the row totals N_b are
+//   reduced across the block in batches of 8 rows, in a fixed order.
+// row_weights_kernel: w[b,k] = G[b,k] dpoch(A_k, N_b).
+// column_finish_kernel: S_k = sum_b w[b,k]; grad = sum_tiles C - a S.
+// Every reduction has a shape-determined order: bitwise reproducible.
+//
+// Per-sample alpha and the counts gradient are elementwise once the row
+// totals are known: row_totals_kernel, then elementwise_backward_kernel.
+#pragma once
+
+#include "alpha_prep.cuh"
+#include "cuda_utils.cuh"
+#include "dirmult/math.h"
+
+namespace dirmult {
+namespace cuda {
+
+constexpr int kColThreads = 256;
+constexpr int kColsPerBlock = 4 * kColThreads;
+constexpr int kRowBatch = 8;  // rows reduced together (== warps per block)
+
+struct ColumnTiling {
+  int64_t col_chunks;
+  int64_t rows_per_tile;
+  int64_t row_tiles;
+};
+
+inline ColumnTiling tile_columns(int64_t B, int64_t V, int64_t k_blocks) {
+  const int64_t col_chunks = ceil_div(V, kColsPerBlock);
+  // About 512 blocks in all; a tile is a multiple of the row batch.
+  const int64_t tiles = std::max<int64_t>(1, 512 / (col_chunks * k_blocks));
+  int64_t rows = ceil_div(ceil_div(std::max<int64_t>(B, 1), tiles), kRowBatch) * kRowBatch;
+  rows = std::max<int64_t>(rows, kRowBatch);
+  return {col_chunks, rows, ceil_div(std::max<int64_t>(B, 1), rows)};
+}
+
+// grid (col_chunks, row_tiles, ceil(K / KB)).
+// Cpart: (row_tiles, K, V) column partials. Npart: (B, col_chunks) row totals
+// (written by the blocks with blockIdx.z == 0; NaN marks a bad count).
+template <typename scalar_t, typename count_t, int KB>
+__global__ void __launch_bounds__(kColThreads)
+    column_backward_kernel(const scalar_t* __restrict__ grad, const count_t* __restrict__ counts,
+                           const ColumnAlpha<scalar_t>* __restrict__ cols, int64_t B, int64_t V,
+                           int K, ColumnTiling tiling, bool aligned, double* __restrict__ Cpart,
+                           double* __restrict__ Npart) {
+  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+  const int64_t v0 = blockIdx.x * static_cast<int64_t>(kColsPerBlock) + 4 * t;
+  const int64_t b_begin = blockIdx.y * tiling.rows_per_tile;
+  const int64_t b_end = min(B, b_begin + tiling.rows_per_tile);
+  const int kb = blockIdx.z * KB;
+  const bool row_totals = blockIdx.z == 0;
+
+  ColumnAlpha<scalar_t> col[KB][4];
+#pragma unroll
+  for (int k = 0; k < KB; ++k) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const bool in = kb + k < K && v0 + j < V;
+      col[k][j] = in ? cols[(kb + k) * V + v0 + j] : ColumnAlpha<scalar_t>{1, 0, 1, 1};
+    }
+  }
+  double acc[KB][4];
+#pragma unroll
+  for (int k = 0; k < KB; ++k)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) acc[k][j] = 0.0;
+
+  __shared__ double row_sums[kRowBatch][kColThreads];
+  const count_t* base = counts + v0;
+  const int64_t v_end = V - v0;  // columns left from v0
+  for (int64_t b0 = b_begin; b0 < b_end; b0 += kRowBatch) {
+#pragma unroll
+    for (int i = 0; i < kRowBatch; ++i) {
+      const int64_t b = b0 + i;
+      double row_n = 0.0;
+      if (b < b_end && v_end > 0) {
+        scalar_t n[4];
+        double exact[4];
+        load_counts<scalar_t, count_t>(base + b * V, 0, v_end, aligned, n, exact);
+        double g[KB];
+#pragma unroll
+        for (int k = 0; k < KB; ++k) g[k] = static_cast<double>(grad[b * K + min(kb + k, K - 1)]);
+        bool ok = true;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          row_n += exact[j];
+          if (n[j] == scalar_t(0)) continue;
+          ok = ok && is_valid_count(n[j]);
+#pragma unroll
+          for (int k = 0; k < KB; ++k) {
+            acc[k][j] += g[k] * static_cast<double>(adpoch(col[k][j].factors(), col[k][j].a, n[j]));
+          }
+        }
+        if (!ok) row_n = NAN;
+      }
+      if (row_totals) row_sums[i][t] = row_n;
+    }
+    if (row_totals) {
+      __syncthreads();
+      // Warp w reduces row b0 + w over the block's threads, in a fixed order.
+      double s = 0.0;
+#pragma unroll
+      for (int m = 0; m < kColThreads / 32; ++m) s += row_sums[warp][lane + 32 * m];
+      s = warp_sum(s);
+      if (lane == 0 && b0 + warp < b_end) Npart[(b0 + warp) * tiling.col_chunks + blockIdx.x] = s;
+      __syncthreads();
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < KB; ++k) {
+    if (kb + k >= K) continue;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if (v0 + j < V) Cpart[(blockIdx.y * static_cast<int64_t>(K) + kb + k) * V + v0 + j] = acc[k][j];
+    }
+  }
+}
+
+// w[b, k] = G[b, k] * dpoch(A_k, N_b), N_b summed over column chunks in order.
+template <typename scalar_t>
+__global__ void row_weights_kernel(const scalar_t* __restrict__ grad,
+                                   const double* __restrict__ Npart, int64_t col_chunks,
+                                   const double* __restrict__ Apart, int nblk_alpha, int64_t B,
+                                   int K, double* __restrict__ w) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= B * K) return;
+  const int64_t b = i / K;
+  const int k = static_cast<int>(i % K);
+  double N = 0.0;
+  for (int64_t c = 0; c < col_chunks; ++c) N += Npart[b * col_chunks + c];
+  const double A = alpha_total(Apart, k, nblk_alpha);
+  w[i] = static_cast<double>(grad[i]) * dpoch<double>(A, N) + (N == N ? 0.0 : NAN);
+}
+
+constexpr int kFinishThreads = 256;
+
+// grid (ceil(V / 256), K): S_k = sum_b w[b, k] (fixed order), then
+// grad[k, v] = sum_tiles Cpart[tile, k, v] - a_kv * S_k.
+template <typename scalar_t>
+__global__ void __launch_bounds__(kFinishThreads)
+    column_finish_kernel(const double* __restrict__ w, const double* __restrict__ Cpart,
+                         const ColumnAlpha<scalar_t>* __restrict__ cols,
+                         const double* __restrict__ Apart, int nblk_alpha, int64_t B, int64_t V,
+                         int K, int64_t row_tiles, scalar_t* __restrict__ grad_la) {
+  const int k = blockIdx.y;
+  __shared__ double warp_sums[kFinishThreads / 32];
+  double s = 0.0;
+  for (int64_t b = threadIdx.x; b < B; b += blockDim.x) s += w[b * K + k];
+  s = warp_sum(s);
+  if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x >> 5] = s;
+  __syncthreads();
+  double S = 0.0;
+#pragma unroll
+  for (int i = 0; i < kFinishThreads / 32; ++i) S += warp_sums[i];
+  // A non-finite concentration anywhere in the component poisons it.
+  if (alpha_total(Apart, k, nblk_alpha) != alpha_total(Apart, k, nblk_alpha)) S = NAN;
+
+  const int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (v >= V) return;
+  double c = 0.0;
+  for (int64_t tile = 0; tile < row_tiles; ++tile) c += Cpart[(tile * K + k) * V + v];
+  grad_la[k * V + v] =
+      static_cast<scalar_t>(c - static_cast<double>(cols[k * V + v].a) * S);
+}
+
+// Row quantities for the elementwise gradients:
+//   d   = dpoch(A_b, N_b)                                   (per-sample grad_la)
+//   psi = -digamma(N_b + A_b) [+ digamma(N_b + 1)]          (grad_counts)
+struct RowTotals {
+  double d, psi;
+};
+
+// One warp per row. shared_A >= 0 (from Apart) for shared alpha; per-sample
+// alpha sums A_b from log_alpha (B, V).
+template <typename scalar_t, typename count_t>
+__global__ void __launch_bounds__(256)
+    row_totals_kernel(const count_t* __restrict__ counts, const scalar_t* __restrict__ log_alpha,
+                      const double* __restrict__ Apart, int nblk_alpha, bool per_sample,
+                      int64_t B, int64_t V, bool normalize, RowTotals* __restrict__ totals) {
+  const int lane = threadIdx.x & 31;
+  const int64_t b = static_cast<int64_t>(blockIdx.x) * 8 + (threadIdx.x >> 5);
+  if (b >= B) return;
+  double N = 0.0, A = 0.0;
+  bool ok = true;
+  for (int64_t v = lane; v < V; v += 32) {
+    const scalar_t n = static_cast<scalar_t>(counts[b * V + v]);
+    ok = ok && (n == scalar_t(0) || is_valid_count(n));
+    N += static_cast<double>(counts[b * V + v]);
+    if (per_sample) {
+      const scalar_t la = log_alpha[b * V + v];
+      ok = ok && is_finite(la);
+      A += static_cast<double>(dm_exp(la));
+    }
+  }
+  N = warp_sum(N);
+  A = warp_sum(A);
+  const bool row_ok = __all_sync(0xffffffffu, ok);
+  if (lane == 0) {
+    if (!per_sample) A = alpha_total(Apart, 0, nblk_alpha);
+    if (!row_ok) N = NAN;
+    double psi = -digamma<double>(N + A);
+    if (normalize) psi += digamma<double>(N + 1.0);
+    totals[b] = {dpoch<double>(A, N) + (N == N ? 0.0 : NAN), psi};
+  }
+}
+
+// grad_la (per-sample, may be null) and grad_counts (may be null), (B, V).
+template <typename scalar_t, typename count_t>
+__global__ void elementwise_backward_kernel(const scalar_t* __restrict__ grad,
+                                            const count_t* __restrict__ counts,
+                                            const scalar_t* __restrict__ log_alpha,
+                                            bool per_sample, const RowTotals* __restrict__ totals,
+                                            int64_t B, int64_t V, bool normalize,
+                                            scalar_t* __restrict__ grad_la,
+                                            scalar_t* __restrict__ grad_counts) {
+  const int64_t total = B * V;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t b = i / V, v = i % V;
+    const scalar_t la = per_sample ? log_alpha[i] : log_alpha[v];
+    const scalar_t a = dm_exp(la);
+    const scalar_t n = static_cast<scalar_t>(counts[i]);
+    const double g = static_cast<double>(grad[b]);
+    const RowTotals r = totals[b];
+    if (grad_la != nullptr) {
+      grad_la[i] = static_cast<scalar_t>(
+          g * (static_cast<double>(adpoch(a, n)) - static_cast<double>(a) * r.d));
+    }
+    if (grad_counts != nullptr) {
+      double e = static_cast<double>(digamma<scalar_t>(n + a));
+      if (normalize) e -= static_cast<double>(digamma<scalar_t>(n + scalar_t(1)));
+      grad_counts[i] = static_cast<scalar_t>(g * (e + r.psi));
+    }
+  }
+}
+
+template <typename scalar_t>
+__global__ void poch_terms_kernel(const scalar_t* __restrict__ alpha, const scalar_t* __restrict__ n,
+                                  int64_t size, scalar_t* __restrict__ lnp,
+                                  scalar_t* __restrict__ adp) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= size) return;
+  lnp[i] = lnpoch(alpha[i], dm_log(alpha[i]), n[i]);
+  adp[i] = adpoch(alpha[i], n[i]);
+}
+
+}  // namespace cuda
+}  // namespace dirmult

@@ -1,0 +1,99 @@
+// Small CUDA helpers: the current stream, launch checks, vector loads of four
+// counts, warp reductions.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <torch/csrc/inductor/aoti_torch/c/shim.h>
+#include <torch/csrc/stable/accelerator.h>
+#include <torch/csrc/stable/ops.h>
+#include <torch/csrc/stable/tensor.h>
+#include <torch/headeronly/util/Exception.h>
+
+#include <algorithm>
+#include <cstdint>
+
+namespace dirmult {
+namespace cuda {
+
+inline cudaStream_t current_stream(int32_t device_index) {
+  void* stream = nullptr;
+  STD_TORCH_CHECK(aoti_torch_get_current_cuda_stream(device_index, &stream) == AOTI_TORCH_SUCCESS,
+                  "dirmult: could not get the current CUDA stream");
+  return static_cast<cudaStream_t>(stream);
+}
+
+#define DM_CUDA_CHECK_LAUNCH()                                                  \
+  do {                                                                          \
+    const cudaError_t err_ = cudaGetLastError();                                \
+    STD_TORCH_CHECK(err_ == cudaSuccess, "dirmult: CUDA kernel launch failed: ", \
+                    cudaGetErrorString(err_));                                  \
+  } while (0)
+
+__host__ __device__ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Four consecutive counts, converted to the compute type in registers.
+// The vector path needs the four to be aligned to 4 * sizeof(count_t).
+template <typename count_t>
+struct alignas(4 * sizeof(count_t)) Count4 {
+  count_t v[4];
+};
+
+template <typename scalar_t, typename count_t>
+__device__ __forceinline__ void load4(const count_t* __restrict__ p, scalar_t out[4],
+                                      double out_exact[4]) {
+  const Count4<count_t> c = *reinterpret_cast<const Count4<count_t>*>(p);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    out[j] = static_cast<scalar_t>(c.v[j]);
+    out_exact[j] = static_cast<double>(c.v[j]);
+  }
+}
+
+template <>
+__device__ __forceinline__ void load4<float, float>(const float* __restrict__ p, float out[4],
+                                                    double out_exact[4]) {
+  const float4 c = __ldg(reinterpret_cast<const float4*>(p));
+  out[0] = c.x, out[1] = c.y, out[2] = c.z, out[3] = c.w;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) out_exact[j] = out[j];
+}
+
+template <>
+__device__ __forceinline__ void load4<double, double>(const double* __restrict__ p,
+                                                      double out[4], double out_exact[4]) {
+  const double2 c0 = __ldg(reinterpret_cast<const double2*>(p));
+  const double2 c1 = __ldg(reinterpret_cast<const double2*>(p) + 1);
+  out[0] = c0.x, out[1] = c0.y, out[2] = c1.x, out[3] = c1.y;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) out_exact[j] = out[j];
+}
+
+// Loads up to four counts starting at column v (of V), zero-filling past the
+// end; vectorized when `aligned`.
+template <typename scalar_t, typename count_t>
+__device__ __forceinline__ void load_counts(const count_t* __restrict__ row, int64_t v,
+                                            int64_t v_end, bool aligned, scalar_t out[4],
+                                            double out_exact[4]) {
+  if (aligned && v + 4 <= v_end) {
+    load4<scalar_t, count_t>(row + v, out, out_exact);
+    return;
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const bool in = v + j < v_end;
+    const count_t c = in ? row[v + j] : count_t(0);
+    out[j] = static_cast<scalar_t>(c);
+    out_exact[j] = static_cast<double>(c);
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ T warp_sum(T x) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_down_sync(0xffffffffu, x, o);
+  return x;  // valid in lane 0
+}
+
+}  // namespace cuda
+}  // namespace dirmult

@@ -1,0 +1,108 @@
+// CUDA forward ops: dirmult::log_lik and dirmult::log_lik_components.
+#include "forward_kernels.cuh"
+#include "ops_cuda.h"
+
+namespace dirmult {
+namespace cuda {
+namespace {
+
+constexpr int kComponentBlock = 8;  // components per pass over a row
+
+// out (B, K) from counts (B, V) and prepared (K, V) alpha.
+template <typename scalar_t, typename count_t, int KB>
+void launch_forward_components(const Tensor& counts, const PreparedAlpha<scalar_t>& pa, int64_t B,
+                               int64_t V, int K, bool normalize, scalar_t* out,
+                               cudaStream_t stream) {
+  const RowSplit split = split_rows(B, V);
+  Tensor partial_ws;
+  RowPartial* partial = nullptr;
+  if (split.num_chunks > 1) {
+    partial_ws = workspace(counts, B * split.num_chunks * K * static_cast<int64_t>(sizeof(RowPartial)));
+    partial = static_cast<RowPartial*>(partial_ws.mutable_data_ptr());
+  }
+  const auto* n = static_cast<const count_t*>(counts.const_data_ptr());
+  const bool aligned = V % 4 == 0 && is_aligned<count_t>(n);
+  const int64_t blocks = ceil_div(B * split.num_chunks, kRowWarps);
+  forward_rows_kernel<scalar_t, count_t, KB><<<blocks, kRowWarps * 32, 0, stream>>>(
+      n, pa.cols, pa.Apart, pa.nblk, B, V, K, split, aligned, normalize, out, partial);
+  DM_CUDA_CHECK_LAUNCH();
+  if (split.num_chunks > 1) {
+    finish_rows_kernel<scalar_t><<<ceil_div(B * K, 256), 256, 0, stream>>>(
+        partial, pa.Apart, pa.nblk, B, K, split.num_chunks, false, normalize, out);
+    DM_CUDA_CHECK_LAUNCH();
+  }
+}
+
+template <typename scalar_t, typename count_t>
+void launch_forward_per_sample(const Tensor& counts, const Tensor& log_alpha, int64_t B, int64_t V,
+                               bool normalize, scalar_t* out, cudaStream_t stream) {
+  const RowSplit split = split_rows(B, V);
+  Tensor partial_ws;
+  RowPartial* partial = nullptr;
+  if (split.num_chunks > 1) {
+    partial_ws = workspace(counts, B * split.num_chunks * static_cast<int64_t>(sizeof(RowPartial)));
+    partial = static_cast<RowPartial*>(partial_ws.mutable_data_ptr());
+  }
+  const auto* n = static_cast<const count_t*>(counts.const_data_ptr());
+  const auto* la = static_cast<const scalar_t*>(log_alpha.const_data_ptr());
+  const bool aligned = V % 4 == 0 && is_aligned<count_t>(n) && is_aligned<scalar_t>(la);
+  const int64_t blocks = ceil_div(B * split.num_chunks, kRowWarps);
+  forward_rows_per_sample_kernel<scalar_t, count_t><<<blocks, kRowWarps * 32, 0, stream>>>(
+      n, la, B, V, split, aligned, normalize, out, partial);
+  DM_CUDA_CHECK_LAUNCH();
+  if (split.num_chunks > 1) {
+    finish_rows_kernel<scalar_t><<<ceil_div(B, 256), 256, 0, stream>>>(
+        partial, nullptr, 0, B, 1, split.num_chunks, true, normalize, out);
+    DM_CUDA_CHECK_LAUNCH();
+  }
+}
+
+}  // namespace
+
+Tensor log_lik_cuda(Tensor counts, Tensor log_alpha, bool normalize) {
+  const bool shared = check_log_alpha(counts, log_alpha);
+  torch::stable::accelerator::DeviceGuard guard(counts.get_device_index());
+  counts = native_counts(counts);
+  log_alpha = torch::stable::contiguous(log_alpha);
+  const int64_t V = counts.size(counts.dim() - 1);
+  const int64_t B = num_rows(counts);
+  Tensor out = torch::stable::new_zeros(log_alpha, batch_shape(counts));
+  if (B == 0 || V == 0) return out;
+  const cudaStream_t stream = current_stream(counts.get_device_index());
+  DM_DISPATCH_COMPUTE(log_alpha.scalar_type(), [&] {
+    auto* o = static_cast<scalar_t*>(out.mutable_data_ptr());
+    DM_DISPATCH_NATIVE_COUNTS(counts.scalar_type(), [&] {
+      if (shared) {
+        const PreparedAlpha<scalar_t> pa = prepare_alpha<scalar_t>(log_alpha, 1, V, stream);
+        launch_forward_components<scalar_t, count_t, 1>(counts, pa, B, V, 1, normalize, o, stream);
+      } else {
+        launch_forward_per_sample<scalar_t, count_t>(counts, log_alpha, B, V, normalize, o, stream);
+      }
+    });
+  });
+  return out;
+}
+
+Tensor log_lik_components_cuda(Tensor counts, Tensor log_alpha, bool normalize) {
+  check_components(counts, log_alpha);
+  torch::stable::accelerator::DeviceGuard guard(counts.get_device_index());
+  counts = native_counts(counts);
+  log_alpha = torch::stable::contiguous(log_alpha);
+  const int64_t B = counts.size(0), V = counts.size(1);
+  const int K = static_cast<int>(log_alpha.size(0));
+  Tensor out = torch::stable::new_zeros(log_alpha, {B, static_cast<int64_t>(K)});
+  if (B == 0 || V == 0 || K == 0) return out;
+  const cudaStream_t stream = current_stream(counts.get_device_index());
+  DM_DISPATCH_COMPUTE(log_alpha.scalar_type(), [&] {
+    auto* o = static_cast<scalar_t*>(out.mutable_data_ptr());
+    const PreparedAlpha<scalar_t> pa = prepare_alpha<scalar_t>(log_alpha, K, V, stream);
+    DM_DISPATCH_NATIVE_COUNTS(counts.scalar_type(), [&] {
+      launch_forward_components<scalar_t, count_t, kComponentBlock>(counts, pa, B, V, K, normalize,
+                                                                    o, stream);
+    });
+  });
+  return out;
+}
+
+}  // namespace cuda
+}  // namespace dirmult

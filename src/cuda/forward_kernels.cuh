@@ -1,0 +1,184 @@
+// Forward kernels: one warp per (row, column chunk), one pass over the
+// counts. Long rows with few rows ("wide") are split into chunks so the GPU
+// has enough warps in flight; the chunk partials are then summed in a fixed
+// order by finish_rows_kernel, so results are deterministic.
+#pragma once
+
+#include "alpha_prep.cuh"
+#include "cuda_utils.cuh"
+#include "dirmult/math.h"
+
+namespace dirmult {
+namespace cuda {
+
+constexpr int kRowWarps = 8;  // warps per block in the row kernels
+
+struct RowPartial {
+  double s;     // sum_v lnpoch(alpha_v, n_v)      (NaN: bad count)
+  double n;     // N
+  double norm;  // -sum_v log n_v!                  (normalize only)
+  double a;     // A for per-sample alpha
+};
+
+// The per-row terms that do not depend on the columns.
+__device__ __forceinline__ double finish_row(double s, double N, double norm, double A,
+                                             bool normalize) {
+  double out = s - lnpoch<double>(A, log(A), N);
+  if (normalize) out += log_factorial<double>(N) + norm;
+  return out;
+}
+
+// How rows are split into chunks of columns; chunk_len is a multiple of 128
+// (a warp's 32 lanes x 4 counts) so vector loads stay aligned.
+struct RowSplit {
+  int64_t chunk_len;
+  int64_t num_chunks;
+};
+
+inline RowSplit split_rows(int64_t B, int64_t V) {
+  // Enough (row, chunk) items for a large GPU (~64 warps x 132 SMs), but no
+  // chunk shorter than 1024 columns. Depends on the shape only.
+  const int64_t target_items = 8192;
+  int64_t chunks = std::max<int64_t>(1, std::min(ceil_div(target_items, std::max<int64_t>(B, 1)),
+                                                 ceil_div(V, 1024)));
+  int64_t len = ceil_div(ceil_div(V, chunks), 128) * 128;
+  return {len, ceil_div(V, len)};
+}
+
+// Shared or per-component alpha: cols is (K, V). out is (B, K) when the row
+// is one chunk, else partial is (B, num_chunks, K).
+template <typename scalar_t, typename count_t, int KB>
+__global__ void __launch_bounds__(kRowWarps * 32)
+    forward_rows_kernel(const count_t* __restrict__ counts,
+                        const ColumnAlpha<scalar_t>* __restrict__ cols,
+                        const double* __restrict__ Apart, int nblk_alpha, int64_t B, int64_t V,
+                        int K, RowSplit split, bool aligned, bool normalize,
+                        scalar_t* __restrict__ out, RowPartial* __restrict__ partial) {
+  const int lane = threadIdx.x & 31;
+  const int64_t item = static_cast<int64_t>(blockIdx.x) * kRowWarps + (threadIdx.x >> 5);
+  if (item >= B * split.num_chunks) return;
+  const int64_t b = item / split.num_chunks, c = item % split.num_chunks;
+  const int64_t v_begin = c * split.chunk_len, v_end = min(V, v_begin + split.chunk_len);
+  const count_t* row = counts + b * V;
+
+  for (int kb = 0; kb < K; kb += KB) {
+    double acc[KB];
+#pragma unroll
+    for (int k = 0; k < KB; ++k) acc[k] = 0.0;
+    double N = 0.0, norm = 0.0;
+    bool ok = true;
+    for (int64_t v = v_begin + 4 * lane; v < v_end; v += 128) {
+      scalar_t n[4];
+      double exact[4];
+      load_counts<scalar_t, count_t>(row, v, v_end, aligned, n, exact);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        if (n[j] == scalar_t(0)) continue;
+        ok = ok && is_valid_count(n[j]);
+        N += exact[j];
+        if (normalize) norm -= static_cast<double>(log_factorial(n[j]));
+#pragma unroll
+        for (int k = 0; k < KB; ++k) {
+          if (kb + k < K) {
+            const ColumnAlpha<scalar_t> col = cols[(kb + k) * V + v + j];
+            acc[k] += static_cast<double>(lnpoch(col.factors(), col.a, col.log_a, n[j]));
+          }
+        }
+      }
+    }
+    N = warp_sum(N);
+    norm = warp_sum(norm);
+    const bool row_ok = __all_sync(0xffffffffu, ok);
+#pragma unroll
+    for (int k = 0; k < KB; ++k) acc[k] = warp_sum(acc[k]);
+    if (lane == 0) {
+#pragma unroll
+      for (int k = 0; k < KB; ++k) {
+        if (kb + k >= K) continue;
+        const double s = row_ok ? acc[k] : NAN;
+        if (split.num_chunks == 1) {
+          const double A = alpha_total(Apart, kb + k, nblk_alpha);
+          out[b * K + kb + k] = static_cast<scalar_t>(finish_row(s, N, norm, A, normalize));
+        } else {
+          partial[(b * split.num_chunks + c) * K + kb + k] = {s, N, norm, 0.0};
+        }
+      }
+    }
+  }
+}
+
+// Per-sample alpha: log_alpha has counts' shape; A_b is summed on the way.
+template <typename scalar_t, typename count_t>
+__global__ void __launch_bounds__(kRowWarps * 32)
+    forward_rows_per_sample_kernel(const count_t* __restrict__ counts,
+                                   const scalar_t* __restrict__ log_alpha, int64_t B, int64_t V,
+                                   RowSplit split, bool aligned, bool normalize,
+                                   scalar_t* __restrict__ out, RowPartial* __restrict__ partial) {
+  const int lane = threadIdx.x & 31;
+  const int64_t item = static_cast<int64_t>(blockIdx.x) * kRowWarps + (threadIdx.x >> 5);
+  if (item >= B * split.num_chunks) return;
+  const int64_t b = item / split.num_chunks, c = item % split.num_chunks;
+  const int64_t v_begin = c * split.chunk_len, v_end = min(V, v_begin + split.chunk_len);
+  const count_t* row = counts + b * V;
+  const scalar_t* lrow = log_alpha + b * V;
+
+  double acc = 0.0, N = 0.0, norm = 0.0, A = 0.0;
+  bool ok = true;
+  for (int64_t v = v_begin + 4 * lane; v < v_end; v += 128) {
+    scalar_t n[4], la[4];
+    double exact[4], unused[4];
+    load_counts<scalar_t, count_t>(row, v, v_end, aligned, n, exact);
+    load_counts<scalar_t, scalar_t>(lrow, v, v_end, aligned, la, unused);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if (v + j >= v_end) continue;
+      const scalar_t a = dm_exp(la[j]);
+      ok = ok && is_finite(la[j]);
+      A += static_cast<double>(a);
+      if (n[j] == scalar_t(0)) continue;
+      ok = ok && is_valid_count(n[j]);
+      N += exact[j];
+      if (normalize) norm -= static_cast<double>(log_factorial(n[j]));
+      acc += static_cast<double>(lnpoch(a, la[j], n[j]));
+    }
+  }
+  acc = warp_sum(acc);
+  N = warp_sum(N);
+  norm = warp_sum(norm);
+  A = warp_sum(A);
+  const bool row_ok = __all_sync(0xffffffffu, ok);
+  if (lane == 0) {
+    const double s = row_ok ? acc : NAN;
+    if (split.num_chunks == 1) {
+      out[b] = static_cast<scalar_t>(finish_row(s, N, norm, A, normalize));
+    } else {
+      partial[b * split.num_chunks + c] = {s, N, norm, A};
+    }
+  }
+}
+
+// Sums the chunk partials of each (row, component) in chunk order.
+// per_sample: A comes from the partials; else from Apart.
+template <typename scalar_t>
+__global__ void finish_rows_kernel(const RowPartial* __restrict__ partial,
+                                   const double* __restrict__ Apart, int nblk_alpha, int64_t B,
+                                   int K, int64_t num_chunks, bool per_sample, bool normalize,
+                                   scalar_t* __restrict__ out) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= B * K) return;
+  const int64_t b = i / K;
+  const int k = static_cast<int>(i % K);
+  double s = 0.0, N = 0.0, norm = 0.0, A = 0.0;
+  for (int64_t c = 0; c < num_chunks; ++c) {
+    const RowPartial p = partial[(b * num_chunks + c) * K + k];
+    s += p.s;
+    N += p.n;
+    norm += p.norm;
+    A += p.a;
+  }
+  if (!per_sample) A = alpha_total(Apart, k, nblk_alpha);
+  out[i] = static_cast<scalar_t>(finish_row(s, N, norm, A, normalize));
+}
+
+}  // namespace cuda
+}  // namespace dirmult

@@ -1,0 +1,52 @@
+// Host-side pieces shared by the CUDA op implementations.
+#pragma once
+
+#include <torch/csrc/stable/library.h>
+#include <torch/csrc/stable/ops.h>
+#include <torch/csrc/stable/tensor.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <tuple>
+
+#include "../common/count_dispatch.h"
+#include "../common/tensor_checks.h"
+
+namespace dirmult {
+namespace cuda {
+
+using torch::headeronly::ScalarType;
+
+template <typename T>
+bool is_aligned(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % (4 * sizeof(T)) == 0;
+}
+
+// Scratch memory from torch's caching allocator (safe in CUDA graph capture).
+inline Tensor workspace(const Tensor& like, int64_t bytes) {
+  return torch::stable::new_empty(like, {std::max<int64_t>(bytes, 1)}, ScalarType::Byte);
+}
+
+// Contiguous counts in a dtype the kernels read natively (see
+// DM_DISPATCH_NATIVE_COUNTS).
+inline Tensor native_counts(const Tensor& counts) {
+  switch (counts.scalar_type()) {
+    case ScalarType::Int:
+    case ScalarType::Long:
+      return torch::stable::contiguous(torch::stable::to(counts, ScalarType::Double));
+    case ScalarType::Half:
+    case ScalarType::BFloat16:
+      return torch::stable::contiguous(torch::stable::to(counts, ScalarType::Float));
+    default:
+      return torch::stable::contiguous(counts);
+  }
+}
+
+Tensor log_lik_cuda(Tensor counts, Tensor log_alpha, bool normalize);
+std::tuple<Tensor, Tensor> log_lik_backward_cuda(Tensor grad, Tensor counts, Tensor log_alpha,
+                                                 bool normalize, bool counts_grad);
+Tensor log_lik_components_cuda(Tensor counts, Tensor log_alpha, bool normalize);
+Tensor log_lik_components_backward_cuda(Tensor grad, Tensor counts, Tensor log_alpha);
+
+}  // namespace cuda
+}  // namespace dirmult

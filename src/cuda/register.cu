@@ -1,0 +1,40 @@
+// dirmult::poch_terms on CUDA, and the CUDA registrations of all ops.
+#include "backward_kernels.cuh"
+#include "ops_cuda.h"
+
+namespace dirmult {
+namespace cuda {
+
+std::tuple<Tensor, Tensor> poch_terms_cuda(Tensor alpha, Tensor n) {
+  STD_TORCH_CHECK(is_compute_dtype(alpha.scalar_type()) && n.scalar_type() == alpha.scalar_type(),
+                  "dirmult: poch_terms takes float32/float64 alpha and n of one dtype");
+  STD_TORCH_CHECK(alpha.numel() == n.numel(), "dirmult: poch_terms needs alpha and n of one size");
+  check_same_device(alpha, "alpha", n, "n");
+  torch::stable::accelerator::DeviceGuard guard(alpha.get_device_index());
+  alpha = torch::stable::contiguous(alpha);
+  n = torch::stable::contiguous(n);
+  Tensor lnp = torch::stable::empty_like(alpha);
+  Tensor adp = torch::stable::empty_like(alpha);
+  const int64_t size = alpha.numel();
+  if (size == 0) return {lnp, adp};
+  const cudaStream_t stream = current_stream(alpha.get_device_index());
+  DM_DISPATCH_COMPUTE(alpha.scalar_type(), [&] {
+    poch_terms_kernel<scalar_t><<<ceil_div(size, 256), 256, 0, stream>>>(
+        static_cast<const scalar_t*>(alpha.const_data_ptr()),
+        static_cast<const scalar_t*>(n.const_data_ptr()), size,
+        static_cast<scalar_t*>(lnp.mutable_data_ptr()), static_cast<scalar_t*>(adp.mutable_data_ptr()));
+    DM_CUDA_CHECK_LAUNCH();
+  });
+  return {lnp, adp};
+}
+
+}  // namespace cuda
+}  // namespace dirmult
+
+STABLE_TORCH_LIBRARY_IMPL(dirmult, CUDA, m) {
+  m.impl("log_lik", TORCH_BOX(&dirmult::cuda::log_lik_cuda));
+  m.impl("log_lik_backward", TORCH_BOX(&dirmult::cuda::log_lik_backward_cuda));
+  m.impl("log_lik_components", TORCH_BOX(&dirmult::cuda::log_lik_components_cuda));
+  m.impl("log_lik_components_backward", TORCH_BOX(&dirmult::cuda::log_lik_components_backward_cuda));
+  m.impl("poch_terms", TORCH_BOX(&dirmult::cuda::poch_terms_cuda));
+}
