@@ -118,9 +118,11 @@ class CMakeBuild(build_ext):
         # In-place builds: setuptools copies _C; the CUDA library rides along.
         super().copy_extensions_to_source()
         built = Path(getattr(self, "_cmake_output_dir", "")) / "_C_cuda.so"
+        dest = ROOT / "python" / "dirmult_ext" / built.name
         if built.is_file():
-            dest = ROOT / "python" / "dirmult_ext" / built.name
             self.copy_file(str(built), str(dest), level=self.verbose)
+        elif dest.exists():  # a CPU-only rebuild must not keep a stale CUDA library
+            dest.unlink()
 
 
 setup(

@@ -19,7 +19,8 @@ STABLE_TORCH_LIBRARY(dirmult, m) {
   m.def(
       "log_lik_components_backward(Tensor grad, Tensor counts, Tensor log_alpha) "
       "-> Tensor");
-  // Elementwise terms (lnpoch(alpha, n), alpha * dpoch(alpha, n)) in
-  // alpha's dtype, for accuracy tests of the shared math.
-  m.def("poch_terms(Tensor alpha, Tensor n) -> (Tensor, Tensor)");
+  // Elementwise terms (lnpoch(alpha, n), alpha * dpoch(alpha, n)) with
+  // alpha = exp(log_alpha), in log_alpha's dtype: the shared math, exposed
+  // for accuracy tests.
+  m.def("poch_terms(Tensor log_alpha, Tensor n) -> (Tensor, Tensor)");
 }

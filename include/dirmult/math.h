@@ -28,7 +28,7 @@
 #define DM_HOST_DEVICE __host__ __device__ __forceinline__
 // The rare paths (non-integer or large counts) stay out of line on the GPU:
 // inlining them into every kernel costs registers and compile time.
-#define DM_RARE_PATH __host__ __device__ __noinline__
+#define DM_RARE_PATH __host__ __device__ __noinline__ inline
 #else
 #define DM_HOST_DEVICE inline
 #define DM_RARE_PATH inline
@@ -193,6 +193,39 @@ DM_RARE_PATH T adpoch_general(T a, T n) {
   return a * dpoch_stirling(a + T(m), n) + s;
 }
 
+// float32 callers take the rare paths in double: they subtract quantities of
+// similar size (the shift recurrence against the Stirling difference), and
+// double keeps the float32 result within an ulp or two of the true value.
+template <>
+DM_RARE_PATH float lnpoch_general<float>(float a, float log_a, float n) {
+  return static_cast<float>(lnpoch_general<double>(dm_exp(static_cast<double>(log_a)),
+                                                   static_cast<double>(log_a),
+                                                   static_cast<double>(n)));
+}
+template <>
+DM_RARE_PATH float adpoch_general<float>(float a, float n) {
+  return static_cast<float>(adpoch_general<double>(static_cast<double>(a), static_cast<double>(n)));
+}
+
+// The exact path cancels when a < 1 and a (a+1) ... (a+n-1) is near 1
+// (log a against log of the product): there float32 recomputes in double,
+// from log a (the caller's input), so the result keeps its relative accuracy.
+DM_RARE_PATH double lnpoch_exact_refined(double log_a, int n) {
+  const double a = dm_exp(log_a);
+  double p = 1.0;
+  for (int k = 1; k < n; ++k) p *= a + k;
+  return log_a + dm_log(p);
+}
+
+template <typename T>
+DM_HOST_DEVICE T lnpoch_exact_checked(const ExactFactors<T>& f, T log_a, int n) {
+  T r = lnpoch_exact(f, log_a, n);
+  if (sizeof(T) == sizeof(float) && f.small && r < T(1) && r > T(-1)) {
+    r = static_cast<T>(lnpoch_exact_refined(static_cast<double>(log_a), n));
+  }
+  return r;
+}
+
 // ---------------------------------------------------------------------------
 // Entry points. a > 0, log_a = log(a), n >= 0 (callers check validity).
 // ---------------------------------------------------------------------------
@@ -205,7 +238,7 @@ template <typename T>
 DM_HOST_DEVICE T lnpoch(T a, T log_a, T n) {
   if (n == T(0)) return T(0);
   if (is_exact_count(n)) {
-    return lnpoch_exact(exact_factors(a), log_a, static_cast<int>(n));
+    return lnpoch_exact_checked(exact_factors(a), log_a, static_cast<int>(n));
   }
   return lnpoch_general(a, log_a, n);
 }
@@ -214,7 +247,7 @@ DM_HOST_DEVICE T lnpoch(T a, T log_a, T n) {
 template <typename T>
 DM_HOST_DEVICE T lnpoch(const ExactFactors<T>& f, T a, T log_a, T n) {
   if (n == T(0)) return T(0);
-  if (is_exact_count(n)) return lnpoch_exact(f, log_a, static_cast<int>(n));
+  if (is_exact_count(n)) return lnpoch_exact_checked(f, log_a, static_cast<int>(n));
   return lnpoch_general(a, log_a, n);
 }
 

@@ -25,6 +25,8 @@ def _load_cuda_kernels() -> bool:
     if torch.version.cuda is None or not lib.exists():
         return False
     built = BUILD_INFO["cuda_version"]
+    if not built:  # a CPU-only build; a stray library is not ours to load
+        return False
     if _cuda_major(built) != _cuda_major(torch.version.cuda):
         raise ImportError(
             f"dirmult_ext was built for CUDA {built} but this torch uses CUDA "
@@ -63,8 +65,8 @@ def _components_backward_fake(grad, counts, log_alpha):
 
 
 @torch.library.register_fake("dirmult::poch_terms")
-def _poch_terms_fake(alpha, n):
-    return torch.empty_like(alpha), torch.empty_like(alpha)
+def _poch_terms_fake(log_alpha, n):
+    return torch.empty_like(log_alpha), torch.empty_like(log_alpha)
 
 
 # -------------------------------------------------------------------- autograd

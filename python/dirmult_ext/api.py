@@ -91,7 +91,10 @@ def log_lik(counts: Tensor, log_alpha: Optional[Tensor] = None, *,
         log_alpha = alpha.log()
     _check_inputs(counts, log_alpha, name)
     V = counts.shape[-1]
-    if log_alpha.shape != counts.shape and not (log_alpha.dim() == 1 and log_alpha.shape[0] == V):
+    # Compare dims before sizes: under torch.compile/export a size comparison
+    # becomes a guard, and the batch size must stay free.
+    shared = log_alpha.dim() == 1 and log_alpha.shape[0] == V
+    if not shared and (log_alpha.dim() != counts.dim() or log_alpha.shape != counts.shape):
         raise ValueError(
             f"{name} must have shape ({V},) (shared) or counts' shape {tuple(counts.shape)} "
             f"(per-sample), got {tuple(log_alpha.shape)}")

@@ -254,23 +254,25 @@ std::tuple<Tensor, Tensor> log_lik_backward_cpu(Tensor grad, Tensor counts,
   return {grad_la, grad_counts};
 }
 
-std::tuple<Tensor, Tensor> poch_terms_cpu(Tensor alpha, Tensor n) {
-  STD_TORCH_CHECK(is_compute_dtype(alpha.scalar_type()) &&
-                      n.scalar_type() == alpha.scalar_type(),
-                  "dirmult: poch_terms takes float32/float64 alpha and n of one dtype");
-  STD_TORCH_CHECK(alpha.numel() == n.numel(), "dirmult: poch_terms needs alpha and n of one size");
-  alpha = torch::stable::contiguous(alpha);
+std::tuple<Tensor, Tensor> poch_terms_cpu(Tensor log_alpha, Tensor n) {
+  STD_TORCH_CHECK(is_compute_dtype(log_alpha.scalar_type()) &&
+                      n.scalar_type() == log_alpha.scalar_type(),
+                  "dirmult: poch_terms takes float32/float64 log_alpha and n of one dtype");
+  STD_TORCH_CHECK(log_alpha.numel() == n.numel(),
+                  "dirmult: poch_terms needs log_alpha and n of one size");
+  log_alpha = torch::stable::contiguous(log_alpha);
   n = torch::stable::contiguous(n);
-  Tensor lnp = torch::stable::empty_like(alpha);
-  Tensor adp = torch::stable::empty_like(alpha);
-  DM_DISPATCH_COMPUTE(alpha.scalar_type(), [&] {
-    const auto* a = static_cast<const scalar_t*>(alpha.const_data_ptr());
+  Tensor lnp = torch::stable::empty_like(log_alpha);
+  Tensor adp = torch::stable::empty_like(log_alpha);
+  DM_DISPATCH_COMPUTE(log_alpha.scalar_type(), [&] {
+    const auto* la = static_cast<const scalar_t*>(log_alpha.const_data_ptr());
     const auto* x = static_cast<const scalar_t*>(n.const_data_ptr());
     auto* o1 = static_cast<scalar_t*>(lnp.mutable_data_ptr());
     auto* o2 = static_cast<scalar_t*>(adp.mutable_data_ptr());
-    for (int64_t i = 0; i < alpha.numel(); ++i) {
-      o1[i] = lnpoch(a[i], dm_log(a[i]), x[i]);
-      o2[i] = adpoch(a[i], x[i]);
+    for (int64_t i = 0; i < log_alpha.numel(); ++i) {
+      const scalar_t a = dm_exp(la[i]);
+      o1[i] = lnpoch(a, la[i], x[i]);
+      o2[i] = adpoch(a, x[i]);
     }
   });
   return {lnp, adp};

@@ -242,13 +242,14 @@ __global__ void elementwise_backward_kernel(const scalar_t* __restrict__ grad,
 }
 
 template <typename scalar_t>
-__global__ void poch_terms_kernel(const scalar_t* __restrict__ alpha, const scalar_t* __restrict__ n,
-                                  int64_t size, scalar_t* __restrict__ lnp,
-                                  scalar_t* __restrict__ adp) {
+__global__ void poch_terms_kernel(const scalar_t* __restrict__ log_alpha,
+                                  const scalar_t* __restrict__ n, int64_t size,
+                                  scalar_t* __restrict__ lnp, scalar_t* __restrict__ adp) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= size) return;
-  lnp[i] = lnpoch(alpha[i], dm_log(alpha[i]), n[i]);
-  adp[i] = adpoch(alpha[i], n[i]);
+  const scalar_t a = dm_exp(log_alpha[i]);
+  lnp[i] = lnpoch(a, log_alpha[i], n[i]);
+  adp[i] = adpoch(a, n[i]);
 }
 
 }  // namespace cuda

@@ -1,0 +1,126 @@
+"""Accuracy where the naive float32 lgamma formula fails, against mpmath.
+
+Each log-rising-factorial term lnpoch(alpha, n) and each gradient term
+alpha * dpoch(alpha, n), computed in float32, must be within 1e-6 relative
+of its true value at the float32 inputs; each row's total within 1e-6 of the
+sum of its terms' magnitudes (a total may cancel; its terms must not be
+wrong). The eager float32 formula's error on the same cases is printed for
+comparison (pytest -s).
+"""
+import math
+
+import mpmath
+
+import pytest
+import torch
+
+import dirmult_ext
+
+from reference import mp_adpoch, mp_lnpoch
+
+REL_TOL = 1e-6
+
+
+def _draw_terms(n_pairs, generator):
+    """log_alpha uniform on [log 1e-6, log 1e7] (float32); counts: small
+    integers, large integers up to 1e7, and non-integers."""
+    log_alpha = torch.empty(n_pairs, dtype=torch.float64).uniform_(
+        math.log(1e-6), math.log(1e7), generator=generator).float()
+    kind = torch.randint(0, 3, (n_pairs,), generator=generator)
+    small = torch.randint(1, 20, (n_pairs,), generator=generator).double()
+    large = torch.exp(torch.empty(n_pairs, dtype=torch.float64).uniform_(
+        math.log(20), math.log(1e7), generator=generator)).round()
+    frac = torch.exp(torch.empty(n_pairs, dtype=torch.float64).uniform_(
+        math.log(1e-3), math.log(1e6), generator=generator))
+    n = torch.where(kind == 0, small, torch.where(kind == 1, large, frac)).float()
+    # The edges too: the smallest and largest of each range, the path
+    # boundaries, and a zero crossing of lnpoch (a (a + 1) = 1).
+    edges = torch.tensor([1e-6, 1e-6, 1e7, 1e7, 1.0, 8.0, 7.999, 8.001, 0.618034], dtype=torch.float64)
+    log_alpha = torch.cat([log_alpha, edges.log().float()])
+    n = torch.cat([n, torch.tensor([1.0, 1e7, 1.0, 1e7, 1.0, 16.0, 17.0, 0.5, 2.0])])
+    return log_alpha, n
+
+
+def _mp_alpha(log_alpha):
+    """The concentration the kernel works with: exp of the float32 input."""
+    return mpmath.exp(mpmath.mpf(float(log_alpha)))
+
+
+def _rel_err(x, ref):
+    return abs(float(x) - float(ref)) / max(abs(float(ref)), 1e-300)
+
+
+def test_terms_match_mpmath(device):
+    g = torch.Generator().manual_seed(torch.seed())
+    log_alpha, n = _draw_terms(2000, g)
+    lnp, adp = torch.ops.dirmult.poch_terms(log_alpha.to(device), n.to(device))
+    lnp, adp = lnp.cpu(), adp.cpu()
+    # The naive float32 forms, for the record.
+    alpha = log_alpha.exp()
+    naive_lnp = torch.lgamma(alpha + n) - torch.lgamma(alpha)
+    naive_adp = alpha * (torch.digamma(alpha + n) - torch.digamma(alpha))
+    worst = {"lnpoch": 0.0, "adpoch": 0.0, "naive lnpoch": 0.0, "naive adpoch": 0.0}
+    failures = []
+    for i in range(alpha.numel()):
+        a = _mp_alpha(log_alpha[i])
+        t_l, t_a = mp_lnpoch(a, n[i]), mp_adpoch(a, n[i])
+        e_l, e_a = _rel_err(lnp[i], t_l), _rel_err(adp[i], t_a)
+        worst["lnpoch"] = max(worst["lnpoch"], e_l)
+        worst["adpoch"] = max(worst["adpoch"], e_a)
+        worst["naive lnpoch"] = max(worst["naive lnpoch"], _rel_err(naive_lnp[i], t_l))
+        worst["naive adpoch"] = max(worst["naive adpoch"], _rel_err(naive_adp[i], t_a))
+        if e_l > REL_TOL or e_a > REL_TOL:
+            failures.append((float(alpha[i]), float(n[i]), float(lnp[i]), float(t_l),
+                             float(adp[i]), float(t_a)))
+    print(f"\n[{device}] worst relative error: " +
+          ", ".join(f"{k} {v:.2e}" for k, v in worst.items()))
+    assert not failures, f"{len(failures)} terms off by > {REL_TOL}: {failures[:5]}"
+
+
+def test_zero_count_terms_are_exactly_zero(device):
+    log_alpha = torch.empty(64).uniform_(-14, 16).to(device)
+    lnp, adp = torch.ops.dirmult.poch_terms(log_alpha, torch.zeros_like(log_alpha))
+    assert torch.all(lnp == 0) and torch.all(adp == 0)
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_row_totals_match_mpmath(device, shared):
+    """Row totals within 1e-6 of the sum of their terms' magnitudes, over
+    alpha in [1e-6, 1e7] and counts up to 1e7, float32 throughout."""
+    g = torch.Generator().manual_seed(torch.seed())
+    B, V = 6, 12
+    shape = (V,) if shared else (B, V)
+    log_alpha = torch.empty(shape, dtype=torch.float64).uniform_(
+        math.log(1e-6), math.log(1e7), generator=g).float()
+    counts = torch.where(
+        torch.rand(B, V, generator=g) < 0.5,
+        torch.randint(0, 10, (B, V), generator=g).double(),
+        torch.exp(torch.empty(B, V, dtype=torch.float64).uniform_(0, math.log(1e7), generator=g)).round(),
+    ).float()
+    out = dirmult_ext.log_lik(counts.to(device), log_alpha.to(device)).cpu()
+    eager = dirmult_ext.reference_log_lik(counts, log_alpha)
+    # The true value at the float32 log_alpha inputs.
+    alpha = log_alpha.double().exp()
+    worst, worst_eager = 0.0, 0.0
+    for b in range(B):
+        a_row = alpha if shared else alpha[b]
+        terms = [mp_lnpoch(a_row[v], counts[b, v]) for v in range(V)]
+        A = sum(float(a) for a in a_row)  # float64 sum, as the kernel
+        terms.append(-mp_lnpoch(A, float(counts[b].double().sum())))
+        total = sum(terms)
+        scale = sum(abs(t) for t in terms)
+        err = abs(float(out[b]) - float(total)) / float(scale)
+        worst = max(worst, err)
+        worst_eager = max(worst_eager, abs(float(eager[b]) - float(total)) / float(scale))
+        assert err <= REL_TOL, (b, float(out[b]), float(total))
+    print(f"\n[{device}] worst row error / sum|terms|: dirmult {worst:.2e}, eager float32 {worst_eager:.2e}")
+
+
+def test_large_alpha_gradient_is_not_lost(device):
+    """alpha * (digamma(a+n) - digamma(a)) at a = 1e7, n = 5 is ~5, not 0."""
+    log_alpha = torch.tensor([1e7, 1e6, 3e5]).log().to(device)
+    n = torch.tensor([5.0, 1.0, 2.0], device=device)
+    _, adp = torch.ops.dirmult.poch_terms(log_alpha, n)
+    for i in range(3):
+        truth = mp_adpoch(_mp_alpha(log_alpha[i].cpu()), n[i].cpu())
+        assert _rel_err(adp[i].cpu(), truth) < REL_TOL

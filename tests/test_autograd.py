@@ -1,0 +1,101 @@
+"""Gradients: gradcheck in float64, and float32 against float64."""
+import pytest
+import torch
+
+import dirmult_ext
+
+from test_values import random_counts
+
+
+def _inputs(device, B=4, V=6, shared=True, frac=False):
+    counts = random_counts((B, V), torch.float64, device, zero_frac=0.3)
+    if frac:
+        counts = counts + torch.rand(B, V, dtype=torch.float64, device=device)
+    la = torch.empty((V,) if shared else (B, V), dtype=torch.float64).uniform_(-2, 3).to(device)
+    return counts, la.requires_grad_()
+
+
+@pytest.mark.parametrize("shared", [True, False])
+@pytest.mark.parametrize("normalize", [False, True])
+def test_gradcheck_log_alpha(device, shared, normalize):
+    counts, la = _inputs(device, shared=shared)
+    assert torch.autograd.gradcheck(
+        lambda la: dirmult_ext.log_lik(counts, la, normalize=normalize), (la,))
+
+
+@pytest.mark.parametrize("shared", [True, False])
+@pytest.mark.parametrize("normalize", [False, True])
+def test_gradcheck_counts(device, shared, normalize):
+    counts, la = _inputs(device, shared=shared, frac=True)
+    counts.requires_grad_()
+    assert torch.autograd.gradcheck(
+        lambda c, la: dirmult_ext.log_lik(c, la, normalize=normalize), (counts, la))
+
+
+def test_gradcheck_large_concentrations(device):
+    counts, _ = _inputs(device, B=3, V=5)
+    la = torch.empty(5, dtype=torch.float64).uniform_(8, 14).to(device).requires_grad_()
+    assert torch.autograd.gradcheck(lambda la: dirmult_ext.log_lik(counts, la), (la,), rtol=1e-4)
+
+
+def test_gradcheck_components(device):
+    counts, _ = _inputs(device, B=5, V=7)
+    la = torch.empty(3, 7, dtype=torch.float64).uniform_(-2, 3).to(device).requires_grad_()
+    assert torch.autograd.gradcheck(lambda la: dirmult_ext.log_lik_components(counts, la), (la,))
+
+
+def test_alpha_keyword_gradient(device):
+    counts, _ = _inputs(device)
+    alpha = torch.rand(6, dtype=torch.float64, device=device).add(0.2).requires_grad_()
+    assert torch.autograd.gradcheck(lambda a: dirmult_ext.log_lik(counts, alpha=a), (alpha,))
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_float32_gradient_matches_float64(device, shared):
+    B, V = 257, 1500  # several row tiles and column chunks
+    counts = random_counts((B, V), torch.float32, device, zero_frac=0.7)
+    la64 = torch.empty((V,) if shared else (B, V), dtype=torch.float64).uniform_(-3, 5).to(device)
+    w = torch.randn(B, dtype=torch.float64, device=device)
+    grads = []
+    for dtype in (torch.float32, torch.float64):
+        la = la64.to(dtype).requires_grad_()
+        out = dirmult_ext.log_lik(counts.to(dtype), la)
+        grads.append(torch.autograd.grad((out * w.to(dtype)).sum(), la)[0].double())
+    scale = grads[1].abs().max()
+    assert ((grads[0] - grads[1]).abs() / scale).max() < 1e-5
+
+
+def test_components_gradient_matches_float64(device):
+    B, V, K = 300, 1100, 6
+    counts = random_counts((B, V), torch.float32, device, zero_frac=0.6)
+    la64 = torch.empty(K, V, dtype=torch.float64).uniform_(-3, 5).to(device)
+    w = torch.randn(B, K, dtype=torch.float64, device=device)
+    grads = []
+    for dtype in (torch.float32, torch.float64):
+        la = la64.to(dtype).requires_grad_()
+        out = dirmult_ext.log_lik_components(counts.to(dtype), la)
+        grads.append(torch.autograd.grad((out * w.to(dtype)).sum(), la)[0].double())
+    # and against K separate log_lik calls in float64
+    la = la64.clone().requires_grad_()
+    sep = torch.stack([dirmult_ext.log_lik(counts.double(), la[k]) for k in range(K)], -1)
+    g_sep, = torch.autograd.grad((sep * w).sum(), la)
+    torch.testing.assert_close(grads[1], g_sep, rtol=1e-10, atol=1e-8)
+    assert ((grads[0] - grads[1]).abs() / grads[1].abs().max()).max() < 1e-5
+
+
+def test_training_step_reduces_loss(device):
+    """The drop-in module trains: a few Adam steps lower the NLL."""
+    V = 20
+    true_la = torch.randn(V)
+    probs = torch.distributions.Dirichlet(true_la.exp()).sample((512,))
+    counts = torch.distributions.Multinomial(30, probs=probs).sample().to(device)
+    model = dirmult_ext.DirichletMultinomialLogLik(V).to(device)
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    losses = []
+    for _ in range(30):
+        loss = -model(counts).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0] - 1.0

@@ -1,0 +1,107 @@
+"""Bad input gets a clear error naming the argument, or (without
+validation) a NaN for the affected rows; never a crash or a silent number."""
+import math
+
+import pytest
+import torch
+
+import dirmult_ext
+
+from test_values import random_counts
+
+
+def test_wrong_ndim(device):
+    with pytest.raises(ValueError, match="counts must have shape"):
+        dirmult_ext.log_lik(torch.tensor(3.0, device=device), torch.zeros(1, device=device))
+
+
+def test_mismatched_categories(device):
+    with pytest.raises(ValueError, match=r"log_alpha must have shape \(5,\)"):
+        dirmult_ext.log_lik(torch.ones(3, 5, device=device), torch.zeros(4, device=device))
+    with pytest.raises(ValueError, match="alpha must have shape"):
+        dirmult_ext.log_lik(torch.ones(3, 5, device=device), alpha=torch.ones(2, 5, device=device))
+    with pytest.raises(ValueError, match=r"log_alpha must be \(K, 5\)"):
+        dirmult_ext.log_lik_components(torch.ones(3, 5, device=device), torch.zeros(2, 4, device=device))
+
+
+def test_unsupported_dtypes(device):
+    with pytest.raises(ValueError, match="counts must have dtype"):
+        dirmult_ext.log_lik(torch.ones(2, 3, dtype=torch.bool, device=device), torch.zeros(3, device=device))
+    with pytest.raises(ValueError, match="log_alpha must be a floating-point"):
+        dirmult_ext.log_lik(torch.ones(2, 3, device=device), torch.zeros(3, dtype=torch.int64, device=device))
+
+
+def test_argument_choice():
+    with pytest.raises(ValueError, match="exactly one of log_alpha and alpha"):
+        dirmult_ext.log_lik(torch.ones(2, 3))
+    with pytest.raises(ValueError, match="exactly one of log_alpha and alpha"):
+        dirmult_ext.log_lik(torch.ones(2, 3), torch.zeros(3), alpha=torch.ones(3))
+    with pytest.raises(TypeError, match="counts must be a torch.Tensor"):
+        dirmult_ext.log_lik([[1.0, 2.0]], torch.zeros(2))
+
+
+def test_direct_op_errors_name_the_problem(device):
+    with pytest.raises(RuntimeError, match="categories but counts has V=5"):
+        torch.ops.dirmult.log_lik(torch.ones(3, 5, device=device), torch.zeros(4, device=device), False)
+    with pytest.raises(RuntimeError, match="log_alpha must be float32 or float64"):
+        torch.ops.dirmult.log_lik(torch.ones(3, 5, device=device),
+                                  torch.zeros(5, dtype=torch.float16, device=device), False)
+    with pytest.raises(RuntimeError, match="counts must be float32"):
+        torch.ops.dirmult.log_lik(torch.ones(3, 5, dtype=torch.bool, device=device),
+                                  torch.zeros(5, device=device), False)
+
+
+@pytest.mark.skipif(not (torch.cuda.is_available() and dirmult_ext.CUDA_KERNELS),
+                    reason="needs a CUDA device (runs in scripts/gpu_check.sh)")
+def test_device_mismatch():
+    with pytest.raises(ValueError, match="same device"):
+        dirmult_ext.log_lik(torch.ones(2, 3, device="cuda"), torch.zeros(3))
+    with pytest.raises(RuntimeError, match="same device"):
+        torch.ops.dirmult.log_lik(torch.ones(2, 3, device="cuda"), torch.zeros(3), False)
+
+
+@pytest.mark.parametrize("bad", [-1.0, math.nan, math.inf])
+def test_bad_counts_give_nan_rows(device, bad):
+    counts = random_counts((4, 7), torch.float32, device)
+    counts[2, 3] = bad
+    la = torch.randn(7, device=device, requires_grad=True)
+    out = dirmult_ext.log_lik(counts, la)
+    assert torch.isnan(out[2]) and torch.isfinite(out[[0, 1, 3]]).all()
+    # the gradient does not pretend the bad row was fine
+    g, = torch.autograd.grad(out.sum(), la)
+    assert torch.isnan(g).all()
+    with pytest.raises(ValueError, match="counts contains"):
+        dirmult_ext.log_lik(counts, la, validate=True)
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_nonfinite_log_alpha(device, bad):
+    counts = random_counts((4, 7), torch.float32, device)
+    la = torch.randn(7, device=device)
+    la[1] = bad
+    assert torch.isnan(dirmult_ext.log_lik(counts, la)).all()
+    la_ps = torch.randn(4, 7, device=device)
+    la_ps[3, 2] = bad
+    out = dirmult_ext.log_lik(counts, la_ps)
+    assert torch.isnan(out[3]) and torch.isfinite(out[:3]).all()
+    comp = torch.randn(3, 7, device=device)
+    comp[1, 0] = bad
+    out = dirmult_ext.log_lik_components(counts, comp)
+    assert torch.isnan(out[:, 1]).all() and torch.isfinite(out[:, [0, 2]]).all()
+    with pytest.raises(ValueError, match="log_alpha contains NaN or infinite"):
+        dirmult_ext.log_lik(counts, la, validate=True)
+
+
+def test_bad_counts_in_components(device):
+    counts = random_counts((4, 7), torch.float32, device)
+    counts[1, 1] = -2
+    out = dirmult_ext.log_lik_components(counts, torch.randn(3, 7, device=device))
+    assert torch.isnan(out[1]).all() and torch.isfinite(out[[0, 2, 3]]).all()
+
+
+def test_module_checks_categories():
+    model = dirmult_ext.DirichletMultinomialLogLik(5)
+    with pytest.raises(ValueError, match="num_categories"):
+        model(torch.ones(2, 4))
+    with pytest.raises(ValueError, match=r"init_log_alpha must have shape \(5,\)"):
+        dirmult_ext.DirichletMultinomialLogLik(5, torch.zeros(4))
