@@ -36,7 +36,7 @@ if has build; then
 fi
 export PYTHONPATH=$REPO/python
 has check && run_stage check python3 -m dirmult_ext check --rows 65536 --categories 1024
-has test && run_stage test python3 -m pytest "$REPO/tests" -q -p no:cacheprovider -x \
+has test && run_stage test python3 -m pytest "$REPO/tests" -q -p no:cacheprovider \
   --junitxml="$OUT/junit.xml"
 if has sanitize; then
   export PYTORCH_NO_CUDA_MEMORY_CACHING=1  # so memcheck sees each allocation's bounds

@@ -1,9 +1,8 @@
 // The _C Python module. Importing it loads this library, whose static
-// initializers register the dirmult op schemas and CPU kernels; the module
-// itself only reports how the package was built.
+// initializers (in the dirmult_cpu objects linked in) register the dirmult
+// op schemas and CPU kernels; the module itself only reports how the package
+// was built. It includes no torch header (see CMakeLists.txt).
 #include <pybind11/pybind11.h>
-
-#include <torch/csrc/stable/version.h>
 
 #include <string>
 
@@ -14,7 +13,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("build_info", [] {
     py::dict info;
     info["version"] = DIRMULT_VERSION;
-    info["torch_target_version"] = static_cast<unsigned long long>(TORCH_TARGET_VERSION);
+    info["torch_target_version"] = static_cast<unsigned long long>(DIRMULT_TORCH_TARGET);
     info["cuda_version"] = std::string(DIRMULT_CUDA_VERSION);
     info["cuda_architectures"] = std::string(DIRMULT_CUDA_ARCHS);
     return info;

@@ -6,6 +6,10 @@ from ._version import __version__
 from ._ops import BUILD_INFO, CUDA_KERNELS
 from .api import (DirichletMultinomialLogLik, log_lik, log_lik_components,
                   reference_log_lik)
+from .distribution import DirichletMultinomial
+from .fit import DMFit, fit
+from .mixture import DMClassifier, DMMixture, fit_mixture
+from . import datasets, io
 
 
 def build_info() -> dict:
@@ -21,4 +25,5 @@ def build_info() -> dict:
 
 
 __all__ = ["__version__", "build_info", "log_lik", "log_lik_components",
-           "DirichletMultinomialLogLik", "reference_log_lik"]
+           "DirichletMultinomialLogLik", "reference_log_lik", "DirichletMultinomial",
+           "fit", "DMFit", "fit_mixture", "DMMixture", "DMClassifier", "datasets", "io"]

@@ -1,0 +1,182 @@
+"""Data-parallel Dirichlet-multinomial fitting with ``torch.distributed``.
+
+Each rank holds a shard of the rows. Every pass over the data computes the
+sufficient statistics of :mod:`dirmult_ext.fit` on the local shard (weighted
+log-likelihood, gradient, trigamma sums q and z, fixed-point denominator,
+and in the first pass the moments for the initial value and the row count)
+and sums them over ranks with one ``all_reduce`` per pass. Every rank then
+holds identical statistics and takes the identical Newton / fixed-point
+step, so all ranks end with the same parameters, equal (up to the order of
+floating-point summation) to a single-process fit on the concatenated rows.
+
+Backend: ``nccl`` for CUDA devices, ``gloo`` on the CPU.
+
+Launch (one process per GPU)::
+
+    torchrun --nproc_per_node=2 -m dirmult_ext.distributed counts.npy --out params.npz
+    torchrun --nproc_per_node=2 -m dirmult_ext.distributed --synthetic --rows 100000
+
+Each rank reads the file (``.npy`` files are memory-mapped) and keeps rows
+``[rank * B // world, (rank + 1) * B // world)``. Without torchrun's
+environment it runs as a single process (world size 1).
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import socket
+import sys
+from typing import Optional
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from .fit import DMFit, _as_counts, _as_weights, _check_common, _fit_rows, _Rows
+
+__all__ = ["fit_distributed", "shard_rows", "main"]
+
+
+def _all_reduce_sum(group):
+    def reduce(t: Tensor) -> Tensor:
+        t = t.contiguous()
+        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group)
+        return t
+    return reduce
+
+
+def shard_rows(n_rows: int, rank: int, world_size: int) -> slice:
+    """The contiguous block of rows rank ``rank`` of ``world_size`` holds."""
+    return slice(rank * n_rows // world_size, (rank + 1) * n_rows // world_size)
+
+
+def fit_distributed(local_counts, *, init=None, method: str = "newton", tol: float = 1e-8,
+                    max_iter: int = 500, batch_size: Optional[int] = None, weights=None,
+                    progress: Optional[bool] = False, device=None, group=None,
+                    min_alpha: float = 1e-10, gtol: Optional[float] = None) -> DMFit:
+    """Fit one DM to the rows held by all ranks of ``group`` (default: the
+    world). Call it on every rank, with that rank's ``(B_r, V)`` counts (B_r
+    may be 0; V must agree) and optional ``(B_r,)`` weights; all other
+    arguments as :func:`dirmult_ext.fit.fit` and equal on every rank. The
+    process group must already be initialized. Returns the same
+    :class:`~dirmult_ext.fit.DMFit` on every rank (``n_rows`` counts all
+    ranks' rows); progress is shown on rank 0 only.
+    """
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError("fit_distributed needs an initialized torch.distributed process "
+                           "group (torch.distributed.init_process_group)")
+    _check_common(method, tol, max_iter, min_alpha)
+    if isinstance(local_counts, np.ndarray):
+        local_counts = torch.from_numpy(np.ascontiguousarray(local_counts))
+    if not isinstance(local_counts, Tensor) or local_counts.dim() != 2:
+        raise ValueError("local_counts must be a (rows, categories) matrix")
+    dev = local_counts.device if device is None else torch.device(device)
+    if dist.get_backend(group) == "nccl" and dev.type != "cuda":
+        raise ValueError("the nccl backend needs device='cuda:<local rank>'")
+    # V must agree across ranks (checked before any other collective).
+    V = local_counts.shape[1]
+    vv = torch.tensor([V, -V], dtype=torch.int64, device=dev)
+    dist.all_reduce(vv, op=dist.ReduceOp.MAX, group=group)
+    if int(vv[0]) != V or -int(vv[1]) != V:
+        raise ValueError(f"all ranks must have the same number of categories; this rank has "
+                         f"{V}, others between {-int(vv[1])} and {int(vv[0])}")
+    counts = local_counts if local_counts.shape[0] == 0 else _as_counts(local_counts)
+    w = _as_weights(weights, counts.shape[0], dev)
+    rows = _Rows(counts, w, dev, batch_size)
+    show = bool(progress) and dist.get_rank(group) == 0
+    return _fit_rows(rows, init=init, method=method, tol=tol,
+                     gtol=0.01 * math.sqrt(tol) if gtol is None else gtol, max_iter=max_iter,
+                     min_alpha=min_alpha, progress=show, reduce=_all_reduce_sum(group))
+
+
+# ---------------------------------------------------------------------------
+# launcher
+# ---------------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _synthetic(rows: int, cols: int, seed: int) -> Tensor:
+    from .distribution import DirichletMultinomial
+    g = torch.Generator().manual_seed(seed)
+    alpha = 0.2 + 2 * torch.rand(cols, generator=g, dtype=torch.float64)
+    totals = torch.randint(20, 200, (rows,), generator=g)
+    state = torch.get_rng_state()
+    torch.manual_seed(seed)
+    x = DirichletMultinomial(totals, alpha).sample().to(torch.float32)
+    torch.set_rng_state(state)
+    return x
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m dirmult_ext.distributed",
+        description="Fit a Dirichlet-multinomial data-parallel over torchrun ranks.")
+    p.add_argument("file", nargs="?", help="counts file (see dirmult_ext.io.load_counts)")
+    p.add_argument("--synthetic", action="store_true",
+                   help="sample a synthetic DM data set (same on every rank) instead")
+    p.add_argument("--rows", type=int, default=20000)
+    p.add_argument("--cols", type=int, default=50)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--method", choices=["newton", "fixed_point"], default="newton")
+    p.add_argument("--tol", type=float, default=1e-8)
+    p.add_argument("--max-iter", type=int, default=500)
+    p.add_argument("--batch-size", type=int, default=None)
+    p.add_argument("--device", default="auto", help="auto: cuda:LOCAL_RANK if available")
+    p.add_argument("--out", help="rank 0 saves alpha, log_alpha, log_lik to this .npz")
+    args = p.parse_args(list(sys.argv[1:] if argv is None else argv))
+    if (args.file is None) == (not args.synthetic):
+        p.error("give a counts FILE or --synthetic (not both)")
+
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if args.device == "auto":
+        from . import CUDA_KERNELS
+        use_cuda = torch.cuda.is_available() and CUDA_KERNELS
+        device = torch.device(f"cuda:{local_rank}" if use_cuda else "cpu")
+    else:
+        device = torch.device(args.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        dist.init_process_group(backend)
+    else:
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{_free_port()}",
+                                rank=0, world_size=1)
+    try:
+        rank, world = dist.get_rank(), dist.get_world_size()
+        if args.synthetic:
+            full = _synthetic(args.rows, args.cols, args.seed)
+            local = full[shard_rows(full.shape[0], rank, world)]
+        elif args.file.endswith(".npy"):
+            mm = np.load(args.file, mmap_mode="r", allow_pickle=False)
+            if mm.ndim != 2:
+                raise ValueError(f"{args.file}: expected a 2-D matrix, got shape {mm.shape}")
+            local = torch.from_numpy(np.array(mm[shard_rows(mm.shape[0], rank, world)],
+                                              dtype=np.float32))
+        else:
+            from .io import load_counts
+            full = load_counts(args.file)
+            local = full[shard_rows(full.shape[0], rank, world)]
+        r = fit_distributed(local, method=args.method, tol=args.tol, max_iter=args.max_iter,
+                            batch_size=args.batch_size, device=device, progress=None)
+        if rank == 0:
+            print(f"world size {world} ({backend}), {r.n_rows} rows x {local.shape[1]} "
+                  f"categories: log-likelihood {r.log_lik:.6f}, {r.n_iter} iterations, "
+                  f"converged={r.converged}, A={r.precision:.6g}")
+            if args.out:
+                np.savez(args.out, alpha=r.alpha.numpy(), log_alpha=r.log_alpha.numpy(),
+                         log_lik=r.log_lik, n_iter=r.n_iter, converged=r.converged)
+                print(f"saved {args.out}")
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,431 @@
+r"""Dirichlet-multinomial mixtures (Holmes, Harris & Quince 2012, "Dirichlet
+multinomial mixtures", PLoS ONE 7(2): e30126) fitted by EM, and a
+class-conditional DM classifier.
+
+Model: row b comes from component k with probability pi_k, and then
+n_b ~ DM(alpha_k). EM on
+
+    log p(counts) = sum_b logsumexp_k [log pi_k + log DM(n_b | alpha_k)]
+
+* E-step: ``log_lik_components`` gives the (B, K) matrix of log DM(n_b |
+  alpha_k) in one pass; responsibilities r_bk = softmax_k(log pi_k + ...),
+  in log space.
+* M-step: pi_k = sum_b r_bk / B; alpha_k by one weighted Newton step
+  (weights r_bk) from the previous alpha_k (:mod:`dirmult_ext.fit`), all K
+  components together; the E-step and the statistics of that step share one
+  pass over the rows (see ``_em_run``).
+
+Restarts: ``n_init`` runs from k-means++ seeds on the row proportions
+(or random responsibilities), the best final log-likelihood wins.
+
+Information criteria, with p = K V + (K - 1) free parameters and B rows:
+BIC = -2 log L + p log B, AIC = -2 log L + 2 p.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import sys
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .api import log_lik_components
+from .fit import (_HALVINGS, MAX_ALPHA, _Rows, _as_counts, _check_common,
+                  _default_progress, _fixed_point_step, _moment_init, _newton_step,
+                  _optimize, _prepass, _resolve_device, _stats)
+
+__all__ = ["fit_mixture", "DMMixture", "DMClassifier", "adjusted_rand_index",
+           "best_permutation_accuracy"]
+
+
+# ---------------------------------------------------------------------------
+# shared helpers
+# ---------------------------------------------------------------------------
+def _component_log_lik(counts: Tensor, log_alpha: Tensor, device=None,
+                       batch_size: Optional[int] = None) -> Tensor:
+    """(B, K) normalized log DM(counts[b] | alpha_k), float64, on ``device``."""
+    counts = _as_counts(counts)
+    dev = counts.device if device is None else torch.device(device)
+    la = log_alpha.to(dev, torch.float64)
+    if counts.shape[1] != la.shape[1]:
+        raise ValueError(f"counts must have {la.shape[1]} columns, got {counts.shape[1]}")
+    bs = batch_size or max(counts.shape[0], 1)
+    out = [log_lik_components(counts[s:s + bs].to(dev), la, normalize=True)
+           for s in range(0, counts.shape[0], bs)]
+    if not out:
+        return torch.zeros(0, la.shape[0], dtype=torch.float64, device=dev)
+    return torch.cat(out)
+
+
+def adjusted_rand_index(a, b) -> float:
+    """Adjusted Rand index of two labelings (1: identical up to relabeling,
+    about 0: independent). Hubert & Arabie (1985)."""
+    a = np.asarray(a).ravel()
+    b = np.asarray(b).ravel()
+    if a.shape != b.shape:
+        raise ValueError(f"labelings must have the same length, got {a.shape} and {b.shape}")
+    _, ai = np.unique(a, return_inverse=True)
+    _, bi = np.unique(b, return_inverse=True)
+    table = np.zeros((ai.max() + 1, bi.max() + 1), dtype=np.float64)
+    np.add.at(table, (ai, bi), 1)
+
+    def comb2(x):
+        return (x * (x - 1) / 2).sum()
+
+    s_ij, s_a, s_b = comb2(table), comb2(table.sum(1)), comb2(table.sum(0))
+    expected = s_a * s_b / comb2(np.array([len(a)], dtype=np.float64))
+    top = 0.5 * (s_a + s_b)
+    if top == expected:
+        return 1.0
+    return float((s_ij - expected) / (top - expected))
+
+
+# ---------------------------------------------------------------------------
+# mixture
+# ---------------------------------------------------------------------------
+@dataclass
+class DMMixture:
+    """A fitted K-component DM mixture (:func:`fit_mixture`); float64 CPU tensors.
+
+    Attributes:
+        weights: ``(K,)`` mixing proportions pi.
+        log_alpha: ``(K, V)`` component log-concentrations.
+        log_lik: total log-likelihood of the training rows (normalized pmf).
+        bic, aic: information criteria (module docstring).
+        n_iter: EM iterations of the best restart.
+        converged: whether that restart met ``tol``.
+        responsibilities: ``(B, K)`` posterior component probabilities of the
+            training rows.
+        log_lik_trace: log-likelihood after each E-step of the best restart.
+        restart_log_liks: the final log-likelihood of every restart.
+    """
+    weights: Tensor
+    log_alpha: Tensor
+    log_lik: float
+    bic: float
+    aic: float
+    n_iter: int
+    converged: bool
+    responsibilities: Tensor = field(repr=False)
+    log_lik_trace: List[float] = field(default_factory=list, repr=False)
+    restart_log_liks: List[float] = field(default_factory=list)
+
+    @property
+    def alpha(self) -> Tensor:
+        return self.log_alpha.exp()
+
+    @property
+    def n_components(self) -> int:
+        return self.log_alpha.shape[0]
+
+    def joint_log_lik(self, counts, device=None, batch_size=None) -> Tensor:
+        """``(B, K)`` log pi_k + log DM(counts[b] | alpha_k), float64."""
+        ll = _component_log_lik(counts, self.log_alpha, device, batch_size)
+        return ll + self.weights.to(ll.device).log()
+
+    def log_prob(self, counts, device=None) -> Tensor:
+        """``(B,)`` mixture log-likelihood of each row (normalized pmf)."""
+        return torch.logsumexp(self.joint_log_lik(counts, device), -1)
+
+    def predict_proba(self, counts, device=None) -> Tensor:
+        """``(B, K)`` posterior component probabilities."""
+        return torch.softmax(self.joint_log_lik(counts, device), -1)
+
+    def predict(self, counts, device=None) -> Tensor:
+        """``(B,)`` int64 most probable component per row."""
+        return self.joint_log_lik(counts, device).argmax(-1)
+
+
+def _kmeanspp(rows: _Rows, k: int, gen: torch.Generator) -> Tensor:
+    """k-means++ seeding on the row proportions n / N (rows with N > 0);
+    returns one-hot responsibilities to the nearest seed, softened
+    (0.9 on the seed's component, the rest spread), (B, K) float64."""
+    dev = rows.device
+    B = rows.B
+
+    def props(s, e):
+        c = rows.counts[s:e].to(dev, torch.float64)
+        return c / rows.N[s:e].clamp_min(1e-300).unsqueeze(-1)
+
+    bs = rows.batch_size
+    valid = (rows.N > 0).to(torch.float64)
+    if float(valid.sum()) == 0:
+        raise ValueError("every row of counts sums to 0: nothing to cluster")
+    first = int(torch.multinomial(valid.cpu(), 1, generator=gen))
+    centers = props(first, first + 1)
+    d2 = torch.full((B,), float("inf"), dtype=torch.float64, device=dev)
+    for _ in range(1, k):
+        for s in range(0, B, bs):
+            x = props(s, s + bs)
+            d2[s:s + bs] = torch.minimum(d2[s:s + bs], ((x - centers[-1]) ** 2).sum(-1))
+        p = (d2 * valid).clamp_min(0)
+        p = p if float(p.sum()) > 0 else valid
+        nxt = int(torch.multinomial(p.cpu(), 1, generator=gen))
+        centers = torch.cat([centers, props(nxt, nxt + 1)])
+    R = torch.empty(B, k, dtype=torch.float64, device=dev)
+    for s in range(0, B, bs):
+        x = props(s, s + bs)
+        nearest = torch.cdist(x, centers).argmin(-1)
+        R[s:s + bs] = torch.nn.functional.one_hot(nearest, k).to(torch.float64)
+    return 0.9 * R + 0.1 / k if k > 1 else R
+
+
+def _random_resp(B: int, k: int, gen: torch.Generator, dev) -> Tensor:
+    """Dirichlet(1, ..., 1) responsibilities per row: normalized Exp(1) draws."""
+    u = torch.rand(B, k, dtype=torch.float64, generator=gen)
+    g = -u.clamp_min(1e-300).log()
+    return (g / g.sum(-1, keepdim=True)).to(dev)
+
+
+class _EStep:
+    """The fused E-step: turns each batch's (b, K) component log-likelihoods
+    into responsibilities, accumulating the total log-likelihood and, for
+    the acceptance test of the previous M-step, Q_k = sum_b r_old_bk ll_bk
+    under the responsibilities that M-step used."""
+
+    def __init__(self, log_pi: Tensor, B: int):
+        self.log_pi = log_pi
+        self.R = torch.empty(B, log_pi.shape[0], dtype=torch.float64, device=log_pi.device)
+        self.total = torch.zeros((), dtype=torch.float64, device=log_pi.device)
+        self.q_old = torch.zeros_like(log_pi)
+
+    def __call__(self, start: int, ll: Tensor, w_old: Tensor) -> Tensor:
+        j = ll + self.log_pi
+        lse = torch.logsumexp(j, -1, keepdim=True)
+        r = (j - lse).exp()
+        self.R[start:start + r.shape[0]] = r
+        self.total += lse.sum()
+        self.q_old += (w_old * ll).sum(0)
+        return r
+
+
+def _log_pi(R: Tensor) -> Tensor:
+    W = R.sum(0)
+    return (W / W.sum()).clamp_min(1e-300).log()
+
+
+def _em_run(rows: _Rows, R: Tensor, *, max_iter: int, tol: float, m_steps: int,
+            min_alpha: float, bar=None, run: int = 0):
+    """EM from initial responsibilities R (B, K). Each iteration is one pass
+    over the rows: component log-likelihoods with their gradient (the fused
+    op), responsibilities from them, and the M-step statistics under the new
+    responsibilities; then pi exactly and one Newton step (Minka fixed point
+    where the Hessian is not negative definite) per component. A step that
+    lowers Q_k (checked in the next pass) is halved, then replaced by the
+    fixed-point step, so the likelihood never decreases (generalized EM)."""
+    lo, hi = math.log(min_alpha), math.log(MAX_ALPHA)
+    rows.set_weights(R)
+    pre = _prepass(rows, check=False)
+    eta = _moment_init(pre, min_alpha)
+    eta, *_ = _optimize(rows, eta, pre, method="newton", tol=0.0, gtol=0.0,
+                        max_iter=m_steps, min_alpha=min_alpha, need_converged=False)
+    log_pi = _log_pi(R)
+    c_sum = float(rows.c.sum())
+    K = eta.shape[0]
+    trace: List[float] = []
+    S_prev = eta_prev = nt = fp = use_newton = t = None
+    converged, it, retries = False, 0, 0
+    while it < max_iter:
+        est = _EStep(log_pi, rows.B)
+        S = _stats(rows, eta, None, True, reweight=est.__call__)
+        if S_prev is not None and retries < _HALVINGS + 1:
+            bad = est.q_old < S_prev.L - 1e-12 * S_prev.L.abs() - 1e-12
+            bad &= use_newton
+            if bool(bad.any()):
+                retries += 1
+                t[bad] *= 0.5
+                use_newton[bad] &= t[bad] >= 0.5 ** _HALVINGS
+                step = torch.where(use_newton.unsqueeze(-1), t.unsqueeze(-1) * nt, fp)
+                eta = torch.where(bad.unsqueeze(-1), (eta_prev + step).clamp(lo, hi), eta)
+                continue
+        it += 1
+        retries = 0
+        ll = float(est.total) + c_sum
+        trace.append(ll)
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(restart=run, log_lik=f"{ll:.6g}")
+        if len(trace) > 1 and abs(trace[-1] - trace[-2]) <= tol * abs(ll):
+            converged = True
+            break
+        if it == max_iter:
+            break
+        # M-step under the new responsibilities
+        rows.set_weights(est.R)
+        log_pi = _log_pi(est.R)
+        free = (eta > lo + 1e-9) | (S.G > 0)
+        nt, use_newton = _newton_step(eta, S, free)
+        fp = _fixed_point_step(eta, S)
+        t = torch.ones(K, dtype=torch.float64, device=eta.device)
+        eta_prev, S_prev = eta, S
+        eta = (eta + torch.where(use_newton.unsqueeze(-1), nt, fp)).clamp(lo, hi)
+    return eta, log_pi, est.R, trace, it, converged
+
+
+def fit_mixture(counts, k: int, *, n_init: int = 3, max_iter: int = 200,
+                tol: float = 1e-6, seed: Optional[int] = None,
+                progress: Optional[bool] = None, device=None, init: str = "kmeans++",
+                m_steps: int = 2, batch_size: Optional[int] = None,
+                min_alpha: float = 1e-6) -> DMMixture:
+    """Fit a K-component Dirichlet-multinomial mixture by EM.
+
+    Args:
+        counts: ``(B, V)`` non-negative counts (tensor or numpy array).
+        k: number of components (>= 1).
+        n_init: restarts; the one with the highest log-likelihood is returned.
+        max_iter: EM iterations per restart.
+        tol: stop when the log-likelihood changes by at most
+            ``tol * |log L|`` between E-steps.
+        seed: seeds the initializations (a ``torch.Generator``); None: random.
+        progress: tqdm bar over EM iterations (default: on a terminal, for
+            large problems).
+        device: where to compute (default ``counts.device``).
+        init: ``"kmeans++"`` (seeds on the row proportions, hard assignment
+            softened) or ``"random"`` (Dirichlet(1) responsibilities).
+        m_steps: Newton iterations of the first M-step, after the initial
+            responsibilities (later M-steps take one warm-started step).
+        batch_size: stream the rows in batches (see :func:`dirmult_ext.fit.fit`).
+        min_alpha: lower bound for the concentrations; keeps a component
+            from assigning probability ~0 to counts it has not seen yet.
+
+    Returns:
+        :class:`DMMixture` (float64, CPU).
+    """
+    counts = _as_counts(counts)
+    if not isinstance(k, int) or k < 1:
+        raise ValueError(f"k must be a positive integer, got {k!r}")
+    if not isinstance(n_init, int) or n_init < 1:
+        raise ValueError(f"n_init must be a positive integer, got {n_init!r}")
+    if init not in ("kmeans++", "random"):
+        raise ValueError(f"init must be 'kmeans++' or 'random', got {init!r}")
+    if not isinstance(m_steps, int) or m_steps < 1:
+        raise ValueError(f"m_steps must be a positive integer, got {m_steps!r}")
+    _check_common("newton", tol, max_iter, min_alpha)
+    B, V = counts.shape
+    if B < k:
+        raise ValueError(f"k={k} components need at least {k} rows, got {B}")
+    dev = _resolve_device(counts, device)
+    rows = _Rows(counts, None, dev, batch_size)
+    _prepass(rows)                          # validates; sets rows.N, rows.c
+    gen = torch.Generator()
+    gen.manual_seed(int(seed) if seed is not None else int(torch.seed() % (2 ** 63)))
+    show = _default_progress(progress, B * V * k * n_init, batch_size is not None)
+    bar = None
+    if show:
+        from tqdm.auto import tqdm
+        bar = tqdm(total=n_init * max_iter, desc="fit_mixture", file=sys.stderr, leave=False)
+    best = None
+    finals = []
+    try:
+        for run in range(n_init):
+            R = _kmeanspp(rows, k, gen) if init == "kmeans++" else _random_resp(B, k, gen, dev)
+            eta, log_pi, R, trace, it, converged = _em_run(
+                rows, R, max_iter=max_iter, tol=tol, m_steps=m_steps, min_alpha=min_alpha,
+                bar=bar, run=run)
+            finals.append(trace[-1])
+            if best is None or trace[-1] > best[0]:
+                best = (trace[-1], eta, log_pi, R, it, converged, trace)
+    finally:
+        if bar is not None:
+            bar.close()
+    ll, eta, log_pi, R, n_iter, converged, trace = best
+    p = k * V + (k - 1)
+    n_rows = B
+    return DMMixture(weights=log_pi.exp().cpu(), log_alpha=eta.detach().cpu(), log_lik=ll,
+                     bic=-2 * ll + p * math.log(max(n_rows, 1)), aic=-2 * ll + 2 * p,
+                     n_iter=n_iter, converged=converged, responsibilities=R.cpu(),
+                     log_lik_trace=trace, restart_log_liks=finals)
+
+
+# ---------------------------------------------------------------------------
+# classifier
+# ---------------------------------------------------------------------------
+class DMClassifier:
+    """Class-conditional Dirichlet-multinomial classifier: one DM per class
+    (maximum likelihood on that class's rows, all classes fitted together)
+    and a class prior; ``predict`` picks argmax_c log prior_c + log DM(n | alpha_c).
+
+    Args:
+        prior: ``"empirical"`` (class frequencies) or ``"uniform"``.
+        min_alpha: lower bound for the concentrations: a category never seen
+            in a class's training rows costs about log(min_alpha) per count.
+        method, tol, max_iter: as :func:`dirmult_ext.fit.fit`.
+        device: where to fit and predict (default the counts' device).
+
+    After :meth:`fit`: ``classes_`` (numpy, sorted unique labels),
+    ``log_alpha_`` ``(C, V)`` and ``log_prior_`` ``(C,)`` float64 CPU tensors,
+    ``converged_`` ``(C,)`` bools.
+    """
+
+    def __init__(self, *, prior: str = "empirical", min_alpha: float = 1e-3,
+                 method: str = "newton", tol: float = 1e-8, max_iter: int = 200,
+                 device=None):
+        if prior not in ("empirical", "uniform"):
+            raise ValueError(f"prior must be 'empirical' or 'uniform', got {prior!r}")
+        _check_common(method, tol, max_iter, min_alpha)
+        self.prior, self.min_alpha, self.method = prior, min_alpha, method
+        self.tol, self.max_iter, self.device = tol, max_iter, device
+
+    def fit(self, counts, labels) -> "DMClassifier":
+        counts = _as_counts(counts)
+        lab = np.asarray(labels.cpu() if isinstance(labels, Tensor) else labels).ravel()
+        if lab.shape[0] != counts.shape[0]:
+            raise ValueError(f"labels must have one entry per row ({counts.shape[0]}), "
+                             f"got {lab.shape[0]}")
+        self.classes_, codes = np.unique(lab, return_inverse=True)
+        C = len(self.classes_)
+        dev = _resolve_device(counts, self.device)
+        Y = torch.nn.functional.one_hot(torch.as_tensor(codes, dtype=torch.int64), C)
+        rows = _Rows(counts, Y.to(torch.float64), dev, None)
+        pre = _prepass(rows)
+        eta0 = _moment_init(pre, self.min_alpha)
+        eta, _, _, _, conv, _ = _optimize(
+            rows, eta0, pre, method=self.method, tol=self.tol,
+            gtol=0.01 * math.sqrt(self.tol), max_iter=self.max_iter,
+            min_alpha=self.min_alpha)
+        self.log_alpha_ = eta.detach().cpu()
+        n = Y.sum(0).to(torch.float64)
+        self.log_prior_ = ((n / n.sum()).log() if self.prior == "empirical"
+                           else torch.full((C,), -math.log(C), dtype=torch.float64))
+        self.converged_ = conv.cpu()
+        return self
+
+    def _joint(self, counts) -> Tensor:
+        if not hasattr(self, "log_alpha_"):
+            raise RuntimeError("DMClassifier is not fitted; call fit(counts, labels) first")
+        ll = _component_log_lik(counts, self.log_alpha_, self.device)
+        return ll + self.log_prior_.to(ll.device)
+
+    def predict_log_proba(self, counts) -> Tensor:
+        """``(B, C)`` log posterior class probabilities."""
+        return torch.log_softmax(self._joint(counts), -1)
+
+    def predict_proba(self, counts) -> Tensor:
+        return self.predict_log_proba(counts).exp()
+
+    def predict(self, counts) -> np.ndarray:
+        """``(B,)`` predicted labels (elements of ``classes_``)."""
+        idx = self._joint(counts).argmax(-1).cpu().numpy()
+        return self.classes_[idx]
+
+    def score(self, counts, labels) -> float:
+        """Accuracy on labelled rows."""
+        return float((self.predict(counts) == np.asarray(labels).ravel()).mean())
+
+
+def best_permutation_accuracy(pred, truth) -> float:
+    """Accuracy of cluster labels ``pred`` against ``truth`` under the best
+    one-to-one relabeling (exhaustive; for a handful of clusters)."""
+    pred, truth = np.asarray(pred).ravel(), np.asarray(truth).ravel()
+    ks = np.unique(np.concatenate([pred, truth]))
+    if len(ks) > 8:
+        raise ValueError("best_permutation_accuracy is exhaustive: at most 8 labels")
+    best = 0.0
+    for perm in itertools.permutations(ks):
+        m = dict(zip(ks, perm))
+        best = max(best, float(np.mean([m[p] == t for p, t in zip(pred, truth)])))
+    return best

@@ -1,0 +1,98 @@
+"""Smoke tests of ``dirmult-ext bench`` (dirmult_ext.bench) on the CPU."""
+import json
+import math
+
+import pytest
+
+from dirmult_ext import bench
+
+SHAPES = ["seed", "mid", "tall", "wide", "sparse"]
+TIME_KEYS = ["ext_fwd", "ext_fwdbwd", "eager_fwd", "eager_fwdbwd"]
+
+
+def _positive_finite(x):
+    return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
+
+
+def _check_row(row, compiled):
+    for key in ("floor_fwd_us", "floor_fwdbwd_us", "ratio_fwd_floor", "ratio_fwdbwd_floor",
+                "speedup_fwd_vs_eager", "speedup_fwdbwd_vs_eager"):
+        assert _positive_finite(row[key]), (row["name"], key, row[key])
+    keys = TIME_KEYS + (["compile_fwd", "compile_fwdbwd"] if compiled else [])
+    for key in keys:
+        t = row["times"][key]
+        if t is None:  # a compile failure is reported as n/a, not an error
+            assert key.startswith("compile") and row["compile_error"], (row["name"], key)
+            continue
+        assert _positive_finite(t["median_us"]) and t["reps"] >= 3, (row["name"], key, t)
+    assert 0 <= row["err_fwd"] < 1e-5, (row["name"], row["err_fwd"])
+    assert 0 <= row["err_grad"] < 1e-4, (row["name"], row["err_grad"])
+    assert row["err_eager_fwd"] < 1e-3
+
+
+def test_bench_quick_json(tmp_path, capsys):
+    path = tmp_path / "bench.json"
+    rc = bench.main(["--quick", "--device", "cpu", "--json", str(path), "--quiet"])
+    assert rc == 0
+    data = json.loads(path.read_text())
+    assert {"env", "timer", "copy", "shapes", "small", "components", "targets",
+            "runtime_s", "sanity_ok"} <= set(data)
+    env = data["env"]
+    for key in ("date", "device", "torch", "build_info", "command_line", "seed"):
+        assert key in env
+    assert env["device"] == "cpu" and env["build_info"]["version"]
+    assert _positive_finite(data["copy"]["bytes_per_s"])
+    assert [r["name"] for r in data["shapes"]] == SHAPES
+    for row in data["shapes"]:
+        _check_row(row, compiled=True)
+    assert _positive_finite(data["small"]["add1"]["median_us"])
+    assert _positive_finite(data["small"]["trivial_grad"]["median_us"])
+    targets = {t["target"]: t for t in data["targets"]}
+    assert len(targets) == 11
+    for t in targets.values():
+        if "per-sample" in t["target"]:
+            assert t["met"] is None  # not run without --per-sample
+        else:
+            assert isinstance(t["met"], bool) and _positive_finite(t["value"])
+    assert data["sanity_ok"] is True
+    out = capsys.readouterr().out
+    assert "ext fwd+bwd" in out and "targets" in out and "small problem" in out
+
+
+def test_bench_extras_markdown(capsys):
+    rc = bench.main(["--quick", "--device", "cpu", "--no-compile", "--quiet", "--markdown",
+                     "--shapes", "seed", "tall=256x16", "extra=64x100:0.1",
+                     "--per-sample", "--components", "3", "--components-shape", "64x32",
+                     "--seed", "123", "--json", "-"])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "| name | BxV | floor |" in out
+    data = json.loads(out[out.index("\n{") + 1:])
+    assert data["env"]["seed"] == 123
+    names = [r["name"] for r in data["shapes"]]
+    assert names == ["seed", "tall", "extra", "tall/per-sample"]
+    ps = data["shapes"][-1]
+    assert (ps["B"], ps["V"]) == (256, 16)
+    for row in data["shapes"]:
+        _check_row(row, compiled=False)
+        assert row["times"]["compile_fwd"] is None
+    extra = data["shapes"][2]
+    assert extra["density"] == 0.1 and 0 < extra["nonzero_fraction"] < 0.5
+    comp = data["components"]
+    assert (comp["B"], comp["V"], comp["K"]) == (64, 32, 3)
+    assert comp["err_fwd"] < 1e-5 and comp["grad_diff_fused_vs_separate"] < 1e-4
+    for key in ("fused_fwd", "fused_fwdbwd", "separate_fwd", "separate_fwdbwd"):
+        assert _positive_finite(comp["times"][key]["median_us"])
+    per_sample = [t for t in data["targets"] if "per-sample" in t["target"]][0]
+    assert isinstance(per_sample["met"], bool)
+
+
+def test_parse_shapes():
+    shapes = bench.parse_shapes(["seed,mid=8x16", "sparse=10x20", "x=3x4:0.5"],
+                                bench.CPU_SHAPES)
+    assert [(s.name, s.B, s.V, s.density) for s in shapes] == [
+        ("seed", 512, 256, None), ("mid", 8, 16, None), ("sparse", 10, 20, 0.01),
+        ("x", 3, 4, 0.5)]
+    for bad in (["nope"], ["a=3y4"], ["a=3x4:2"]):
+        with pytest.raises(ValueError):
+            bench.parse_shapes(bad, bench.CPU_SHAPES)

@@ -1,0 +1,205 @@
+"""DirichletMultinomial distribution: log_prob against scipy and Pyro's
+formula, moments, sampling, support and validation. Value tests draw fresh
+random inputs each run (no fixed seeds)."""
+import numpy as np
+import pytest
+import scipy.stats
+import torch
+
+import dirmult_ext
+from dirmult_ext import distribution as dmod
+from dirmult_ext.distribution import DirichletMultinomial, MultinomialCounts
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() and dirmult_ext.CUDA_KERNELS else [])
+
+
+def pyro_log_prob(alpha, value):
+    """Pyro's DirichletMultinomial.log_prob (dense case), float64:
+    log B1(A, N) - sum_v log B1(alpha_v, n_v), log B1(a, n) =
+    lgamma(1 + n) + lgamma(a) - lgamma(a + n)."""
+    alpha, value = alpha.double(), value.double()
+
+    def log_beta_1(a, n):
+        return torch.lgamma(1 + n) + torch.lgamma(a) - torch.lgamma(a + n)
+
+    return log_beta_1(alpha.sum(-1), value.sum(-1)) - log_beta_1(alpha, value).sum(-1)
+
+
+def rand_alpha(*shape, device="cpu"):
+    return (torch.rand(*shape, dtype=torch.float64, device=device) * 3 + 0.05)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_log_prob_matches_scipy(device):
+    V = int(torch.randint(2, 12, ()).item())
+    n = int(torch.randint(1, 60, ()).item())
+    alpha = rand_alpha(V, device=device)
+    d = DirichletMultinomial(n, alpha, validate_args=True)
+    x = d.sample((50,))
+    assert x.shape == (50, V) and x.device.type == device
+    ours = d.log_prob(x).cpu().numpy()
+    ref = scipy.stats.dirichlet_multinomial(alpha.cpu().numpy(), n).logpmf(x.cpu().numpy())
+    np.testing.assert_allclose(ours, ref, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_log_prob_matches_pyro_formula_with_broadcasting(device):
+    V = 7
+    alpha = rand_alpha(3, V, device=device)                  # batch_shape (3,)
+    totals = torch.randint(0, 40, (3,), device=device)
+    d = DirichletMultinomial(totals, alpha)
+    assert d.batch_shape == (3,) and d.event_shape == (V,)
+    x = d.sample((5,))                                       # (5, 3, V)
+    assert x.shape == (5, 3, V)
+    lp = d.log_prob(x)
+    assert lp.shape == (5, 3) and lp.dtype == torch.float64
+    torch.testing.assert_close(lp, pyro_log_prob(alpha.expand_as(x), x), rtol=1e-11, atol=1e-11)
+    # a value broadcasting against the batch: one count vector scored under 3 alphas
+    one = x[0, 0]
+    torch.testing.assert_close(DirichletMultinomial(None, alpha).log_prob(one),
+                               pyro_log_prob(alpha, one.expand(3, V)), rtol=1e-11, atol=1e-11)
+
+
+def test_log_prob_shared_alpha_and_float32():
+    V = 9
+    alpha = rand_alpha(V)
+    x = DirichletMultinomial(25, alpha).sample((40,))
+    ref = pyro_log_prob(alpha, x)
+    d64 = DirichletMultinomial(25, alpha)
+    torch.testing.assert_close(d64.log_prob(x), ref, rtol=1e-11, atol=1e-11)
+    d32 = DirichletMultinomial(25, alpha.float())
+    lp32 = d32.log_prob(x.float())
+    assert lp32.dtype == torch.float32
+    torch.testing.assert_close(lp32.double(), ref, rtol=1e-5, atol=1e-4)
+
+
+def test_log_concentration_parametrization_and_gradient():
+    V = 6
+    la = torch.randn(V, dtype=torch.float64, requires_grad=True)
+    x = DirichletMultinomial(30, la.detach().exp()).sample((20,))
+    lp = DirichletMultinomial(None, log_concentration=la).log_prob(x).sum()
+    (g,) = torch.autograd.grad(lp, la)
+    la2 = la.detach().clone().requires_grad_(True)
+    (g_ref,) = torch.autograd.grad(pyro_log_prob(la2.exp(), x).sum(), la2)
+    torch.testing.assert_close(g, g_ref, rtol=1e-9, atol=1e-9)
+    # gradient through `concentration` too
+    a = la.detach().exp().requires_grad_(True)
+    (ga,) = torch.autograd.grad(DirichletMultinomial(None, a).log_prob(x).sum(), a)
+    torch.testing.assert_close(ga * a.detach(), g_ref, rtol=1e-9, atol=1e-9)
+
+
+def test_mean_variance_match_scipy():
+    V = int(torch.randint(2, 10, ()).item())
+    n = int(torch.randint(1, 100, ()).item())
+    alpha = rand_alpha(V)
+    d = DirichletMultinomial(n, alpha)
+    ref = scipy.stats.dirichlet_multinomial(alpha.numpy(), n)
+    np.testing.assert_allclose(d.mean.numpy(), ref.mean(), rtol=1e-12)
+    np.testing.assert_allclose(d.variance.numpy(), ref.var(), rtol=1e-12)
+    # per-row totals: moments broadcast over the batch
+    db = DirichletMultinomial(torch.tensor([3.0, 50.0], dtype=torch.float64), alpha)
+    assert db.mean.shape == (2, V)
+    np.testing.assert_allclose(db.variance[1].numpy(),
+                               scipy.stats.dirichlet_multinomial(alpha.numpy(), 50).var(),
+                               rtol=1e-12)
+
+
+@pytest.mark.parametrize("method", ["categorical", "binomial"])
+def test_sample_moments(method, monkeypatch):
+    """Mean and variance of S draws. Tolerances: the sample mean within 6
+    standard errors sqrt(var / S) per category; the sample variance within
+    10% relative (its standard error here is about 1-2%)."""
+    if method == "binomial":
+        monkeypatch.setattr(dmod, "_CATEGORICAL_DRAW_LIMIT", 0)
+    S, V, n = 20000, 4, 30
+    alpha = rand_alpha(V) + 0.3
+    d = DirichletMultinomial(n, alpha)
+    x = d.sample((S,))
+    assert x.shape == (S, V)
+    assert bool((x.sum(-1) == n).all()) and bool((x >= 0).all())
+    se = (d.variance / S).sqrt()
+    assert bool(((x.mean(0) - d.mean).abs() <= 6 * se).all()), (x.mean(0), d.mean)
+    rel = (x.var(0) - d.variance).abs() / d.variance
+    assert bool((rel <= 0.10).all()), (x.var(0), d.variance)
+
+
+@pytest.mark.parametrize("method", ["categorical", "binomial"])
+def test_sample_varying_totals(method):
+    V = 5
+    totals = torch.randint(0, 300, (400,))
+    totals[:3] = 0
+    alpha = rand_alpha(V)
+    p = torch.distributions.Dirichlet(alpha).sample((400,))
+    x = dmod._multinomial_counts(p, totals, method=method)
+    assert x.dtype == torch.int64
+    assert torch.equal(x.sum(-1), totals)
+    assert bool((x >= 0).all())
+    d = DirichletMultinomial(totals, alpha, validate_args=True)
+    s = d.sample((3,))
+    assert s.shape == (3, 400, V)
+    assert torch.equal(s.sum(-1), totals.double().expand(3, 400))
+    assert bool(d.support.check(s).all())
+    # per-row total tensor from a batch of alphas
+    d2 = DirichletMultinomial(torch.tensor([[1], [100]]), rand_alpha(2, 3, V))
+    assert d2.batch_shape == (2, 3)
+    assert torch.equal(d2.sample().sum(-1), torch.tensor([[1.0] * 3, [100.0] * 3],
+                                                         dtype=torch.float64))
+
+
+def test_sample_tiny_concentration_is_finite():
+    d = DirichletMultinomial(10, torch.full((5,), 1e-6, dtype=torch.float64))
+    x = d.sample((200,))
+    assert bool(torch.isfinite(x).all()) and bool((x.sum(-1) == 10).all())
+
+
+def test_support_constraint():
+    c = MultinomialCounts(torch.tensor(4.0))
+    v = torch.tensor([[1.0, 3.0], [2.0, 1.0], [-1.0, 5.0], [1.5, 2.5], [0.0, 4.0]])
+    assert c.check(v).tolist() == [True, False, False, False, True]
+    assert MultinomialCounts(None).check(v).tolist() == [True, True, False, False, True]
+    assert c.is_discrete and c.event_dim == 1
+
+
+def test_validation_errors():
+    alpha = rand_alpha(3)
+    d = DirichletMultinomial(5, alpha, validate_args=True)
+    for bad in ([1.0, 1.0, 1.0], [6.0, -1.0, 0.0], [2.5, 2.5, 0.0]):
+        with pytest.raises(ValueError):
+            d.log_prob(torch.tensor(bad, dtype=torch.float64))
+    with pytest.raises(ValueError):
+        DirichletMultinomial(5, torch.tensor([1.0, -1.0]), validate_args=True)
+    with pytest.raises(ValueError):
+        DirichletMultinomial(-2, alpha, validate_args=True)
+    with pytest.raises(ValueError):
+        DirichletMultinomial(2.5, alpha, validate_args=True)
+    with pytest.raises(ValueError, match="exactly one"):
+        DirichletMultinomial(5)
+    with pytest.raises(ValueError, match="does not broadcast"):
+        DirichletMultinomial(torch.tensor([1, 2, 3]), rand_alpha(2, 3))
+    # without validation, the pmf of a value with a different total is still computed
+    d_nv = DirichletMultinomial(5, alpha, validate_args=False)
+    assert torch.isfinite(d_nv.log_prob(torch.tensor([1.0, 1.0, 1.0])))
+
+
+def test_total_count_none_is_log_prob_only():
+    alpha = rand_alpha(4)
+    d = DirichletMultinomial(None, alpha, validate_args=True)
+    x = torch.tensor([[1.0, 0.0, 2.0, 3.0], [0.0, 0.0, 0.0, 9.0]], dtype=torch.float64)
+    torch.testing.assert_close(d.log_prob(x), pyro_log_prob(alpha, x))
+    for what in ("sample", "mean", "variance"):
+        with pytest.raises(ValueError, match="total_count"):
+            d.sample() if what == "sample" else getattr(d, what)
+
+
+def test_expand():
+    alpha = rand_alpha(4)
+    d = DirichletMultinomial(12, alpha, validate_args=True)
+    e = d.expand((2, 3))
+    assert e.batch_shape == (2, 3) and e.event_shape == (4,)
+    assert e.sample().shape == (2, 3, 4)
+    x = d.sample((2, 3))
+    torch.testing.assert_close(e.log_prob(x), d.log_prob(x))
+    torch.testing.assert_close(e.mean, d.mean.expand(2, 3, 4))
+    el = DirichletMultinomial(None, log_concentration=alpha.log()).expand((5,))
+    assert el.batch_shape == (5,)
+    torch.testing.assert_close(el.log_prob(x[0, 0]), pyro_log_prob(alpha, x[0, 0]).expand(5))
