@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "../common/count_dispatch.h"
+#include "../common/safe_box.h"
 #include "../common/tensor_checks.h"
 #include "dirmult/math.h"
 
@@ -287,10 +288,10 @@ Tensor log_lik_components_backward_cpu(Tensor grad, Tensor counts, Tensor log_al
 }  // namespace dirmult
 
 STABLE_TORCH_LIBRARY_IMPL(dirmult, CPU, m) {
-  m.impl("log_lik", TORCH_BOX(&dirmult::log_lik_cpu));
-  m.impl("log_lik_backward", TORCH_BOX(&dirmult::log_lik_backward_cpu));
-  m.impl("log_lik_components", TORCH_BOX(&dirmult::log_lik_components_cpu));
+  m.impl("log_lik", DM_BOX(&dirmult::log_lik_cpu));
+  m.impl("log_lik_backward", DM_BOX(&dirmult::log_lik_backward_cpu));
+  m.impl("log_lik_components", DM_BOX(&dirmult::log_lik_components_cpu));
   m.impl("log_lik_components_backward",
-         TORCH_BOX(&dirmult::log_lik_components_backward_cpu));
-  m.impl("poch_terms", TORCH_BOX(&dirmult::poch_terms_cpu));
+         DM_BOX(&dirmult::log_lik_components_backward_cpu));
+  m.impl("poch_terms", DM_BOX(&dirmult::poch_terms_cpu));
 }

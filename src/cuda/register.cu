@@ -1,6 +1,7 @@
 // dirmult::poch_terms on CUDA, and the CUDA registrations of all ops.
 #include "backward_kernels.cuh"
 #include "ops_cuda.h"
+#include "../common/safe_box.h"
 
 namespace dirmult {
 namespace cuda {
@@ -32,9 +33,9 @@ std::tuple<Tensor, Tensor> poch_terms_cuda(Tensor alpha, Tensor n) {
 }  // namespace dirmult
 
 STABLE_TORCH_LIBRARY_IMPL(dirmult, CUDA, m) {
-  m.impl("log_lik", TORCH_BOX(&dirmult::cuda::log_lik_cuda));
-  m.impl("log_lik_backward", TORCH_BOX(&dirmult::cuda::log_lik_backward_cuda));
-  m.impl("log_lik_components", TORCH_BOX(&dirmult::cuda::log_lik_components_cuda));
-  m.impl("log_lik_components_backward", TORCH_BOX(&dirmult::cuda::log_lik_components_backward_cuda));
-  m.impl("poch_terms", TORCH_BOX(&dirmult::cuda::poch_terms_cuda));
+  m.impl("log_lik", DM_BOX(&dirmult::cuda::log_lik_cuda));
+  m.impl("log_lik_backward", DM_BOX(&dirmult::cuda::log_lik_backward_cuda));
+  m.impl("log_lik_components", DM_BOX(&dirmult::cuda::log_lik_components_cuda));
+  m.impl("log_lik_components_backward", DM_BOX(&dirmult::cuda::log_lik_components_backward_cuda));
+  m.impl("poch_terms", DM_BOX(&dirmult::cuda::poch_terms_cuda));
 }
