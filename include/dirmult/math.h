@@ -220,7 +220,8 @@ DM_RARE_PATH double lnpoch_exact_refined(double log_a, int n) {
 template <typename T>
 DM_HOST_DEVICE T lnpoch_exact_checked(const ExactFactors<T>& f, T log_a, int n) {
   T r = lnpoch_exact(f, log_a, n);
-  if (sizeof(T) == sizeof(float) && f.small && r < T(1) && r > T(-1)) {
+  // Only log a < 0 with a product (n >= 2) can cancel; n = 1 is log a itself.
+  if (sizeof(T) == sizeof(float) && log_a < T(0) && n >= 2 && r < T(1) && r > T(-1)) {
     r = static_cast<T>(lnpoch_exact_refined(static_cast<double>(log_a), n));
   }
   return r;

@@ -25,6 +25,8 @@ namespace dirmult {
 namespace {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+constexpr int kTableWidth = kMaxExactCount + 1;  // lookup tables: n = 0..16
+constexpr int64_t kTableMinRows = 32;
 
 // Per-column state for a shared concentration vector.
 template <typename scalar_t>
@@ -43,7 +45,28 @@ struct SharedAlpha {
       total += static_cast<double>(alpha[v]);
     }
   }
+
+  // (V, kTableWidth) values term(v, n) for the small integer counts, when
+  // there are enough rows to reuse them; empty otherwise.
+  template <typename F>
+  std::vector<scalar_t> table(int64_t B, bool /*normalize*/, F term) const {
+    const int64_t V = static_cast<int64_t>(alpha.size());
+    if (B < kTableMinRows) return {};
+    std::vector<scalar_t> t(V * kTableWidth);
+    torch::stable::parallel_for(0, V, 64, [&](int64_t v0, int64_t v1) {
+      for (int64_t v = v0; v < v1; ++v) {
+        for (int n = 0; n < kTableWidth; ++n) t[v * kTableWidth + n] = term(v, scalar_t(n));
+      }
+    });
+    return t;
+  }
 };
+
+template <typename scalar_t>
+inline bool table_index(scalar_t n, int& idx) {
+  idx = static_cast<int>(n);
+  return n <= scalar_t(kMaxExactCount) && static_cast<scalar_t>(idx) == n;
+}
 
 // The per-row part that does not depend on the columns:
 // -lnpoch(A, N) [+ log N! when normalized].
@@ -58,6 +81,11 @@ void forward_rows(const count_t* counts, const scalar_t* la, bool shared,
                   int64_t B, int64_t V, bool normalize, scalar_t* out) {
   if (shared) {
     const SharedAlpha<scalar_t> sa(la, V);
+    // Small integer counts read their term from a per-column table.
+    const std::vector<scalar_t> table = sa.table(B, normalize, [&](int64_t v, scalar_t n) {
+      scalar_t t = lnpoch(sa.factors[v], sa.alpha[v], sa.log_alpha[v], n);
+      return normalize ? t - log_factorial(n) : t;
+    });
     torch::stable::parallel_for(0, B, 16, [&](int64_t b0, int64_t b1) {
       for (int64_t b = b0; b < b1; ++b) {
         const count_t* row = counts + b * V;
@@ -68,6 +96,11 @@ void forward_rows(const count_t* counts, const scalar_t* la, bool shared,
           if (n == scalar_t(0)) continue;
           ok = ok && is_valid_count(n);
           N += static_cast<double>(row[v]);
+          int idx;
+          if (!table.empty() && table_index(n, idx)) {
+            s += table[v * kTableWidth + idx];
+            continue;
+          }
           s += lnpoch(sa.factors[v], sa.alpha[v], sa.log_alpha[v], n);
           if (normalize) s -= log_factorial(n);
         }
@@ -125,6 +158,9 @@ void backward_shared(const scalar_t* grad, const count_t* counts,
                      const scalar_t* la, int64_t B, int64_t V,
                      scalar_t* grad_la) {
   const SharedAlpha<scalar_t> sa(la, V);
+  const std::vector<scalar_t> table = sa.table(B, false, [&](int64_t v, scalar_t n) {
+    return adpoch(sa.factors[v], sa.alpha[v], n);
+  });
   // Fixed partition of rows into blocks; depends on (B, V) only.
   const int64_t max_blocks = std::max<int64_t>(1, (int64_t{1} << 23) / std::max<int64_t>(V, 1));
   const int64_t nblk = std::max<int64_t>(1, std::min<int64_t>({(B + 255) / 256, 64, max_blocks}));
@@ -144,7 +180,11 @@ void backward_shared(const scalar_t* grad, const count_t* counts,
           if (n == scalar_t(0)) continue;
           ok = ok && is_valid_count(n);
           N += static_cast<double>(row[v]);
-          c[v] += g * static_cast<double>(adpoch(sa.factors[v], sa.alpha[v], n));
+          int idx;
+          const scalar_t term = !table.empty() && table_index(n, idx)
+                                    ? table[v * kTableWidth + idx]
+                                    : adpoch(sa.factors[v], sa.alpha[v], n);
+          c[v] += g * static_cast<double>(term);
         }
         s += ok ? g * dpoch<double>(sa.total, N) : kNaN;
       }

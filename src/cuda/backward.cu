@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "backward_kernels.cuh"
+#include "table_kernels.cuh"
 #include "ops_cuda.h"
 
 namespace dirmult {
@@ -31,9 +32,22 @@ void launch_backward_columns(const Tensor& grad, const Tensor& counts,
   const bool aligned = V % 4 == 0 && is_aligned<count_t>(n);
   const dim3 grid(static_cast<unsigned>(tiling.col_chunks), static_cast<unsigned>(tiling.row_tiles),
                   static_cast<unsigned>(k_blocks));
-  column_backward_kernel<scalar_t, count_t, KB><<<grid, kColThreads, 0, stream>>>(
-      g, n, pa.cols, B, V, K, tiling, aligned, Cpart, Npart);
-  DM_CUDA_CHECK_LAUNCH();
+  bool tabled = false;
+  if constexpr (std::is_same_v<scalar_t, float> && KB == 1) {
+    if (K == 1 && B >= kTableMinRows) {
+      const ColumnTable table = build_table(counts, pa.cols, V, false, TableKind::kAlphaDPoch, stream);
+      allow_table_smem(column_backward_kernel<float, count_t, 1, true>);
+      column_backward_kernel<float, count_t, 1, true><<<grid, kColThreads, kTableSmemBytes, stream>>>(
+          g, n, pa.cols, table.data, B, V, K, tiling, aligned, Cpart, Npart);
+      DM_CUDA_CHECK_LAUNCH();
+      tabled = true;
+    }
+  }
+  if (!tabled) {
+    column_backward_kernel<scalar_t, count_t, KB, false><<<grid, kColThreads, 0, stream>>>(
+        g, n, pa.cols, nullptr, B, V, K, tiling, aligned, Cpart, Npart);
+    DM_CUDA_CHECK_LAUNCH();
+  }
   row_weights_kernel<scalar_t><<<ceil_div(B * K, 256), 256, 0, stream>>>(
       g, Npart, tiling.col_chunks, pa.Apart, pa.nblk, B, K, w);
   DM_CUDA_CHECK_LAUNCH();

@@ -25,6 +25,7 @@ namespace cuda {
 constexpr int kColThreads = 256;
 constexpr int kColsPerBlock = 4 * kColThreads;
 constexpr int kRowBatch = 8;  // rows reduced together (== warps per block)
+constexpr int kMaxExactCount1 = kMaxExactCount + 1;  // lookup-table width
 
 struct ColumnTiling {
   int64_t col_chunks;
@@ -44,18 +45,29 @@ inline ColumnTiling tile_columns(int64_t B, int64_t V, int64_t k_blocks) {
 // grid (col_chunks, row_tiles, ceil(K / KB)).
 // Cpart: (row_tiles, K, V) column partials. Npart: (B, col_chunks) row totals
 // (written by the blocks with blockIdx.z == 0; NaN marks a bad count).
-template <typename scalar_t, typename count_t, int KB>
+// kTable (float, K == 1): adpoch of small integer counts comes from adp_table
+// (see table_kernels.cuh), staged in shared memory for the block's columns.
+template <typename scalar_t, typename count_t, int KB, bool kTable>
 __global__ void __launch_bounds__(kColThreads)
     column_backward_kernel(const scalar_t* __restrict__ grad, const count_t* __restrict__ counts,
-                           const ColumnAlpha<scalar_t>* __restrict__ cols, int64_t B, int64_t V,
-                           int K, ColumnTiling tiling, bool aligned, double* __restrict__ Cpart,
+                           const ColumnAlpha<scalar_t>* __restrict__ cols,
+                           const float* __restrict__ adp_table, int64_t B, int64_t V, int K,
+                           ColumnTiling tiling, bool aligned, double* __restrict__ Cpart,
                            double* __restrict__ Npart) {
   const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
-  const int64_t v0 = blockIdx.x * static_cast<int64_t>(kColsPerBlock) + 4 * t;
+  const int64_t chunk0 = blockIdx.x * static_cast<int64_t>(kColsPerBlock);
+  const int64_t v0 = chunk0 + 4 * t;
   const int64_t b_begin = blockIdx.y * tiling.rows_per_tile;
   const int64_t b_end = min(B, b_begin + tiling.rows_per_tile);
   const int kb = blockIdx.z * KB;
   const bool row_totals = blockIdx.z == 0;
+
+  extern __shared__ float adp_tab[];
+  if constexpr (kTable) {
+    const int64_t len = min(V - chunk0, static_cast<int64_t>(kColsPerBlock)) * kMaxExactCount1;
+    for (int64_t i = t; i < len; i += blockDim.x) adp_tab[i] = adp_table[chunk0 * kMaxExactCount1 + i];
+    __syncthreads();
+  }
 
   ColumnAlpha<scalar_t> col[KB][4];
 #pragma unroll
@@ -76,33 +88,55 @@ __global__ void __launch_bounds__(kColThreads)
   const count_t* base = counts + v0;
   const int64_t v_end = V - v0;  // columns left from v0
   for (int64_t b0 = b_begin; b0 < b_end; b0 += kRowBatch) {
+    // All the batch's loads first, so several are in flight per thread.
+    scalar_t n[kRowBatch][4];
+    double row_n[kRowBatch];
 #pragma unroll
     for (int i = 0; i < kRowBatch; ++i) {
       const int64_t b = b0 + i;
-      double row_n = 0.0;
+      row_n[i] = 0.0;
       if (b < b_end && v_end > 0) {
-        scalar_t n[4];
         double exact[4];
-        load_counts<scalar_t, count_t>(base + b * V, 0, v_end, aligned, n, exact);
-        double g[KB];
-#pragma unroll
-        for (int k = 0; k < KB; ++k) g[k] = static_cast<double>(grad[b * K + min(kb + k, K - 1)]);
+        load_counts<scalar_t, count_t>(base + b * V, 0, v_end, aligned, n[i], exact);
         bool ok = true;
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-          row_n += exact[j];
-          if (n[j] == scalar_t(0)) continue;
-          ok = ok && is_valid_count(n[j]);
+          row_n[i] += exact[j];
+          ok = ok && (n[i][j] == scalar_t(0) || is_valid_count(n[i][j]));
+        }
+        if (!ok) row_n[i] = NAN;
+      } else {
 #pragma unroll
-          for (int k = 0; k < KB; ++k) {
-            acc[k][j] += g[k] * static_cast<double>(adpoch(col[k][j].factors(), col[k][j].a, n[j]));
+        for (int j = 0; j < 4; ++j) n[i][j] = scalar_t(0);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kRowBatch; ++i) {
+      const int64_t b = b0 + i;
+      if (b >= b_end) break;
+      double g[KB];
+#pragma unroll
+      for (int k = 0; k < KB; ++k) g[k] = static_cast<double>(grad[b * K + min(kb + k, K - 1)]);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const scalar_t x = n[i][j];
+        if (x == scalar_t(0)) continue;
+        if constexpr (kTable) {
+          const int idx = static_cast<int>(x);
+          if (x <= scalar_t(kMaxExactCount) && static_cast<scalar_t>(idx) == x) {
+            acc[0][j] += g[0] * static_cast<double>(adp_tab[(4 * t + j) * kMaxExactCount1 + idx]);
+            continue;
           }
         }
-        if (!ok) row_n = NAN;
+#pragma unroll
+        for (int k = 0; k < KB; ++k) {
+          acc[k][j] += g[k] * static_cast<double>(adpoch(col[k][j].factors(), col[k][j].a, x));
+        }
       }
-      if (row_totals) row_sums[i][t] = row_n;
     }
     if (row_totals) {
+#pragma unroll
+      for (int i = 0; i < kRowBatch; ++i) row_sums[i][t] = row_n[i];
       __syncthreads();
       // Warp w reduces row b0 + w over the block's threads, in a fixed order.
       double s = 0.0;

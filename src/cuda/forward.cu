@@ -1,5 +1,6 @@
 // CUDA forward ops: dirmult::log_lik and dirmult::log_lik_components.
 #include "forward_kernels.cuh"
+#include "table_kernels.cuh"
 #include "ops_cuda.h"
 
 namespace dirmult {
@@ -57,6 +58,56 @@ void launch_forward_per_sample(const Tensor& counts, const Tensor& log_alpha, in
   }
 }
 
+// Shared float32 alpha over many rows: the lookup-table kernel.
+template <typename count_t>
+void launch_forward_table(const Tensor& counts, const PreparedAlpha<float>& pa, int64_t B,
+                          int64_t V, bool normalize, float* out, cudaStream_t stream) {
+  const ColumnTable table = build_table(counts, pa.cols, V, normalize, TableKind::kLogPoch, stream);
+  const int64_t num_chunks = ceil_div(V, kTableChunk);
+  Tensor partial_ws;
+  RowPartial* partial = nullptr;
+  if (num_chunks > 1) {
+    partial_ws = workspace(counts, B * num_chunks * static_cast<int64_t>(sizeof(RowPartial)));
+    partial = static_cast<RowPartial*>(partial_ws.mutable_data_ptr());
+  }
+  const auto* n = static_cast<const count_t*>(counts.const_data_ptr());
+  const bool aligned = V % 4 == 0 && is_aligned<count_t>(n);
+  // Enough row groups for ~4 blocks per SM over all chunks; every row's sum
+  // is one warp's, in a fixed order, whatever the grid.
+  static int num_sms = [] {
+    int dev = 0, sms = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    return sms > 0 ? sms : 132;
+  }();
+  const int64_t groups = std::max<int64_t>(
+      1, std::min(ceil_div(B, kRowWarps), ceil_div(4 * static_cast<int64_t>(num_sms), num_chunks)));
+  allow_table_smem(forward_table_kernel<count_t>);
+  const dim3 grid(static_cast<unsigned>(num_chunks), static_cast<unsigned>(groups));
+  forward_table_kernel<count_t><<<grid, kRowWarps * 32, kTableSmemBytes, stream>>>(
+      n, table.data, pa.cols, pa.Apart, pa.nblk, B, V, num_chunks, aligned, normalize, out, partial);
+  DM_CUDA_CHECK_LAUNCH();
+  if (num_chunks > 1) {
+    finish_rows_kernel<float><<<ceil_div(B, 256), 256, 0, stream>>>(
+        partial, pa.Apart, pa.nblk, B, 1, num_chunks, false, normalize, out);
+    DM_CUDA_CHECK_LAUNCH();
+  }
+}
+
+// The table path is float32 only (a float64 table would not fit the shared
+// memory of a 1024-column block).
+template <typename scalar_t, typename count_t>
+bool try_forward_table(const Tensor& counts, const PreparedAlpha<scalar_t>& pa, int64_t B,
+                       int64_t V, bool normalize, scalar_t* out, cudaStream_t stream) {
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    if (B >= kTableMinRows) {
+      launch_forward_table<count_t>(counts, pa, B, V, normalize, out, stream);
+      return true;
+    }
+  }
+  return false;
+}
+
 }  // namespace
 
 Tensor log_lik_cuda(Tensor counts, Tensor log_alpha, bool normalize) {
@@ -74,6 +125,7 @@ Tensor log_lik_cuda(Tensor counts, Tensor log_alpha, bool normalize) {
     DM_DISPATCH_NATIVE_COUNTS(counts.scalar_type(), [&] {
       if (shared) {
         const PreparedAlpha<scalar_t> pa = prepare_alpha<scalar_t>(log_alpha, 1, V, stream);
+        if (try_forward_table<scalar_t, count_t>(counts, pa, B, V, normalize, o, stream)) return;
         launch_forward_components<scalar_t, count_t, 1>(counts, pa, B, V, 1, normalize, o, stream);
       } else {
         launch_forward_per_sample<scalar_t, count_t>(counts, log_alpha, B, V, normalize, o, stream);

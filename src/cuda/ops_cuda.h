@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <tuple>
+#include <type_traits>
 
 #include "../common/count_dispatch.h"
 #include "../common/tensor_checks.h"

@@ -1,0 +1,157 @@
+// Lookup-table kernels for a shared concentration vector and many rows.
+//
+// Counts are mostly small integers, and with alpha shared by every row the
+// terms lnpoch(alpha_v, n) and alpha_v dpoch(alpha_v, n) take only
+// kTableWidth values per column. build_tables_kernel evaluates them once per
+// call (with the full-accuracy math), and the count kernels replace the
+// per-element products and logs by a shared-memory lookup, which keeps them
+// memory-bound. Counts that are not small integers take the math path.
+#pragma once
+
+#include "alpha_prep.cuh"
+#include "cuda_utils.cuh"
+#include "dirmult/math.h"
+#include "forward_kernels.cuh"
+
+namespace dirmult {
+namespace cuda {
+
+constexpr int kTableWidth = kMaxExactCount + 1;  // n = 0 .. kMaxExactCount
+constexpr int kTableChunk = 1024;                // columns per block (smem slice)
+constexpr int kTableUnroll = 4;                  // 16-byte loads in flight per lane
+constexpr size_t kTableSmemBytes = kTableChunk * kTableWidth * sizeof(float);
+
+// lnp[v * W + n] = lnpoch(a_v, n) [- log n! when normalized];
+// adp[v * W + n] = a_v dpoch(a_v, n). One thread per entry.
+template <typename scalar_t>  // float: the tables are float32
+__global__ void build_tables_kernel(const ColumnAlpha<scalar_t>* __restrict__ cols, int64_t V,
+                                    bool normalize, scalar_t* __restrict__ lnp,
+                                    scalar_t* __restrict__ adp) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= V * kTableWidth) return;
+  const int64_t v = i / kTableWidth;
+  const scalar_t n = static_cast<scalar_t>(i % kTableWidth);
+  const ColumnAlpha<scalar_t> c = cols[v];
+  if (lnp != nullptr) {
+    scalar_t l = lnpoch(c.factors(), c.a, c.log_a, n);
+    if (normalize) l -= log_factorial(n);
+    lnp[i] = l;
+  }
+  if (adp != nullptr) adp[i] = adpoch(c.factors(), c.a, n);
+}
+
+// Rows above which the tables pay for themselves (each entry is used by
+// about B / kTableWidth rows).
+constexpr int64_t kTableMinRows = 256;
+
+// A (V, kTableWidth) float table in scratch memory; kind: lnpoch or adpoch.
+struct ColumnTable {
+  torch::stable::Tensor storage;
+  float* data;
+};
+
+// Raises a table kernel's dynamic shared-memory limit, once per device (the
+// attribute is per device).
+template <typename Kernel>
+void allow_table_smem(Kernel* kernel) {
+  static bool done[64] = {};
+  int dev = 0;
+  cudaGetDevice(&dev);
+  if (dev < 0 || dev >= 64 || done[dev]) return;
+  const cudaError_t err = cudaFuncSetAttribute(
+      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kTableSmemBytes));
+  STD_TORCH_CHECK(err == cudaSuccess, "dirmult: cannot use ", kTableSmemBytes,
+                  " bytes of shared memory: ", cudaGetErrorString(err));
+  done[dev] = true;
+}
+
+enum class TableKind { kLogPoch, kAlphaDPoch };
+
+inline ColumnTable build_table(const torch::stable::Tensor& like, const ColumnAlpha<float>* cols,
+                               int64_t V, bool normalize, TableKind kind, cudaStream_t stream) {
+  const int64_t entries = V * kTableWidth;
+  torch::stable::Tensor ws = torch::stable::new_empty(
+      like, {entries * static_cast<int64_t>(sizeof(float))}, torch::headeronly::ScalarType::Byte);
+  auto* data = static_cast<float*>(ws.mutable_data_ptr());
+  build_tables_kernel<float><<<ceil_div(entries, 256), 256, 0, stream>>>(
+      cols, V, normalize, kind == TableKind::kLogPoch ? data : nullptr,
+      kind == TableKind::kAlphaDPoch ? data : nullptr);
+  DM_CUDA_CHECK_LAUNCH();
+  return {ws, data};
+}
+
+__device__ __forceinline__ bool table_index(float n, int& idx) {  // n in the table?
+  idx = static_cast<int>(n);
+  return n <= static_cast<float>(kMaxExactCount) && static_cast<float>(idx) == n;
+}
+
+// Forward with the table: grid (column chunks, row groups), a warp per row.
+// Each block holds its chunk's slice of the table in shared memory.
+template <typename count_t>
+__global__ void __launch_bounds__(kRowWarps * 32)
+    forward_table_kernel(const count_t* __restrict__ counts, const float* __restrict__ table,
+                         const ColumnAlpha<float>* __restrict__ cols,
+                         const double* __restrict__ Apart, int nblk_alpha, int64_t B, int64_t V,
+                         int64_t num_chunks, bool aligned, bool normalize,
+                         float* __restrict__ out, RowPartial* __restrict__ partial) {
+  extern __shared__ float tab[];
+  const int64_t c = blockIdx.x;
+  const int64_t v0 = c * kTableChunk;
+  const int64_t len = min(V - v0, static_cast<int64_t>(kTableChunk));
+  for (int64_t i = threadIdx.x; i < len * kTableWidth; i += blockDim.x) {
+    tab[i] = table[v0 * kTableWidth + i];
+  }
+  __syncthreads();
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const double A = alpha_total(Apart, 0, nblk_alpha);
+
+  for (int64_t b = static_cast<int64_t>(blockIdx.y) * kRowWarps + warp; b < B;
+       b += static_cast<int64_t>(gridDim.y) * kRowWarps) {
+    const count_t* row = counts + b * V + v0;
+    double s = 0.0, N = 0.0, norm = 0.0;
+    bool ok = true;
+    for (int64_t base = 4 * lane; base < len; base += 128 * kTableUnroll) {
+      float n[kTableUnroll][4];
+      double exact[kTableUnroll][4];
+#pragma unroll
+      for (int u = 0; u < kTableUnroll; ++u) {
+        load_counts<float, count_t>(row, base + 128 * u, len, aligned, n[u], exact[u]);
+      }
+#pragma unroll
+      for (int u = 0; u < kTableUnroll; ++u) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const float x = n[u][j];
+          if (x == 0.0f) continue;
+          ok = ok && is_valid_count(x);
+          N += exact[u][j];
+          const int64_t v = base + 128 * u + j;
+          int idx;
+          if (table_index(x, idx)) {
+            s += static_cast<double>(tab[v * kTableWidth + idx]);
+          } else {  // non-integer or large counts: the math path
+            const ColumnAlpha<float> col = cols[v0 + v];
+            s += static_cast<double>(lnpoch(col.factors(), col.a, col.log_a, x));
+            if (normalize) norm -= static_cast<double>(log_factorial(x));
+          }
+        }
+      }
+    }
+    s = warp_sum(s);
+    N = warp_sum(N);
+    norm = warp_sum(norm);
+    const bool row_ok = __all_sync(0xffffffffu, ok);
+    if (lane == 0) {
+      const double sv = row_ok ? s : NAN;
+      if (num_chunks == 1) {
+        out[b] = static_cast<float>(finish_row(sv, N, norm, A, normalize));
+      } else {
+        partial[b * num_chunks + c] = {sv, N, norm, 0.0};
+      }
+    }
+  }
+}
+
+}  // namespace cuda
+}  // namespace dirmult
