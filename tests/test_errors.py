@@ -40,6 +40,17 @@ def test_argument_choice():
         dirmult_ext.log_lik([[1.0, 2.0]], torch.zeros(2))
 
 
+# torch 2.10/2.11 crash (SIGSEGV) when a LibTorch stable-ABI kernel raises a C++
+# error (seen on the H200 machine with torch 2.11: every such error, even the
+# first, killed the process; torch 2.13 and 2.14 raise RuntimeError). The
+# Python API checks arguments before calling the ops, so only direct
+# torch.ops.dirmult calls with bad arguments meet this; scripts/probe_op_errors.py
+# shows it per case.
+STABLE_ABI_ERRORS_RAISE = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 13)
+
+
+@pytest.mark.skipif(not STABLE_ABI_ERRORS_RAISE,
+                    reason="torch < 2.13 crashes on C++ errors raised in stable-ABI kernels")
 def test_direct_op_errors_name_the_problem(device):
     with pytest.raises(RuntimeError, match="categories but counts has V=5"):
         torch.ops.dirmult.log_lik(torch.ones(3, 5, device=device), torch.zeros(4, device=device), False)
@@ -56,8 +67,9 @@ def test_direct_op_errors_name_the_problem(device):
 def test_device_mismatch():
     with pytest.raises(ValueError, match="same device"):
         dirmult_ext.log_lik(torch.ones(2, 3, device="cuda"), torch.zeros(3))
-    with pytest.raises(RuntimeError, match="same device"):
-        torch.ops.dirmult.log_lik(torch.ones(2, 3, device="cuda"), torch.zeros(3), False)
+    if STABLE_ABI_ERRORS_RAISE:
+        with pytest.raises(RuntimeError, match="same device"):
+            torch.ops.dirmult.log_lik(torch.ones(2, 3, device="cuda"), torch.zeros(3), False)
 
 
 @pytest.mark.parametrize("bad", [-1.0, math.nan, math.inf])

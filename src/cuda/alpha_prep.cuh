@@ -70,8 +70,13 @@ __global__ void __launch_bounds__(kPrepThreads)
 
 __device__ __forceinline__ double alpha_total(const double* __restrict__ Apart, int k,
                                               int nblk) {
+  // Loads first (they are independent), then the sum in index order.
+  double part[kMaxPrepBlocks];
+#pragma unroll
+  for (int i = 0; i < kMaxPrepBlocks; ++i) part[i] = i < nblk ? Apart[k * nblk + i] : 0.0;
   double s = 0.0;
-  for (int i = 0; i < nblk; ++i) s += Apart[k * nblk + i];
+#pragma unroll
+  for (int i = 0; i < kMaxPrepBlocks; ++i) s += part[i];
   return s;
 }
 

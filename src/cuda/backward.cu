@@ -22,11 +22,13 @@ void launch_backward_columns(const Tensor& grad, const Tensor& counts,
   const int64_t c_bytes = tiling.row_tiles * K * V * static_cast<int64_t>(sizeof(double));
   const int64_t n_bytes = B * tiling.col_chunks * static_cast<int64_t>(sizeof(double));
   const int64_t w_bytes = B * K * static_cast<int64_t>(sizeof(double));
-  Tensor ws = workspace(counts, c_bytes + n_bytes + w_bytes);
+  const int64_t s_bytes = K * static_cast<int64_t>(sizeof(double));
+  Tensor ws = workspace(counts, c_bytes + n_bytes + w_bytes + s_bytes);
   auto* base = static_cast<char*>(ws.mutable_data_ptr());
   auto* Cpart = reinterpret_cast<double*>(base);
   auto* Npart = reinterpret_cast<double*>(base + c_bytes);
   auto* w = reinterpret_cast<double*>(base + c_bytes + n_bytes);
+  auto* S = reinterpret_cast<double*>(base + c_bytes + n_bytes + w_bytes);
   const auto* n = static_cast<const count_t*>(counts.const_data_ptr());
   const auto* g = static_cast<const scalar_t*>(grad.const_data_ptr());
   const bool aligned = V % 4 == 0 && is_aligned<count_t>(n);
@@ -48,12 +50,14 @@ void launch_backward_columns(const Tensor& grad, const Tensor& counts,
         g, n, pa.cols, nullptr, B, V, K, tiling, aligned, Cpart, Npart);
     DM_CUDA_CHECK_LAUNCH();
   }
-  row_weights_kernel<scalar_t><<<ceil_div(B * K, 256), 256, 0, stream>>>(
+  row_weights_kernel<scalar_t><<<ceil_div(B * K, 8), 256, 0, stream>>>(
       g, Npart, tiling.col_chunks, pa.Apart, pa.nblk, B, K, w);
   DM_CUDA_CHECK_LAUNCH();
-  const dim3 fgrid(static_cast<unsigned>(ceil_div(V, kFinishThreads)), static_cast<unsigned>(K));
+  sum_weights_kernel<<<K, kFinishThreads, 0, stream>>>(w, pa.Apart, pa.nblk, B, K, S);
+  DM_CUDA_CHECK_LAUNCH();
+  const dim3 fgrid(static_cast<unsigned>(ceil_div(V, 32)), static_cast<unsigned>(K));
   column_finish_kernel<scalar_t><<<fgrid, kFinishThreads, 0, stream>>>(
-      w, Cpart, pa.cols, pa.Apart, pa.nblk, B, V, K, tiling.row_tiles, grad_la);
+      Cpart, S, pa.cols, V, K, tiling.row_tiles, grad_la);
   DM_CUDA_CHECK_LAUNCH();
 }
 

@@ -157,51 +157,73 @@ __global__ void __launch_bounds__(kColThreads)
   }
 }
 
-// w[b, k] = G[b, k] * dpoch(A_k, N_b), N_b summed over column chunks in order.
+// w[b, k] = G[b, k] * dpoch(A_k, N_b), N_b summed over column chunks in a
+// fixed order; one warp per (b, k).
 template <typename scalar_t>
-__global__ void row_weights_kernel(const scalar_t* __restrict__ grad,
-                                   const double* __restrict__ Npart, int64_t col_chunks,
-                                   const double* __restrict__ Apart, int nblk_alpha, int64_t B,
-                                   int K, double* __restrict__ w) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+__global__ void __launch_bounds__(256)
+    row_weights_kernel(const scalar_t* __restrict__ grad, const double* __restrict__ Npart,
+                       int64_t col_chunks, const double* __restrict__ Apart, int nblk_alpha,
+                       int64_t B, int K, double* __restrict__ w) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * 8 + (threadIdx.x >> 5);
   if (i >= B * K) return;
   const int64_t b = i / K;
   const int k = static_cast<int>(i % K);
-  double N = 0.0;
-  for (int64_t c = 0; c < col_chunks; ++c) N += Npart[b * col_chunks + c];
-  const double A = alpha_total(Apart, k, nblk_alpha);
-  w[i] = static_cast<double>(grad[i]) * dpoch<double>(A, N) + (N == N ? 0.0 : NAN);
+  const double N = warp_ordered_sum(Npart + b * col_chunks, col_chunks, 1);
+  if ((threadIdx.x & 31) == 0) {
+    const double A = alpha_total(Apart, k, nblk_alpha);
+    w[i] = static_cast<double>(grad[i]) * dpoch<double>(A, N) + (N == N ? 0.0 : NAN);
+  }
 }
 
 constexpr int kFinishThreads = 256;
 
-// grid (ceil(V / 256), K): S_k = sum_b w[b, k] (fixed order), then
-// grad[k, v] = sum_tiles Cpart[tile, k, v] - a_kv * S_k.
-template <typename scalar_t>
+// S[k] = sum_b w[b, k], in a fixed order; grid (K), a block each. A
+// non-finite concentration anywhere in the component poisons S[k].
 __global__ void __launch_bounds__(kFinishThreads)
-    column_finish_kernel(const double* __restrict__ w, const double* __restrict__ Cpart,
-                         const ColumnAlpha<scalar_t>* __restrict__ cols,
-                         const double* __restrict__ Apart, int nblk_alpha, int64_t B, int64_t V,
-                         int K, int64_t row_tiles, scalar_t* __restrict__ grad_la) {
-  const int k = blockIdx.y;
+    sum_weights_kernel(const double* __restrict__ w, const double* __restrict__ Apart,
+                       int nblk_alpha, int64_t B, int K, double* __restrict__ S) {
+  const int k = blockIdx.x;
   __shared__ double warp_sums[kFinishThreads / 32];
   double s = 0.0;
+#pragma unroll 8
   for (int64_t b = threadIdx.x; b < B; b += blockDim.x) s += w[b * K + k];
   s = warp_sum(s);
   if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x >> 5] = s;
   __syncthreads();
-  double S = 0.0;
-#pragma unroll
-  for (int i = 0; i < kFinishThreads / 32; ++i) S += warp_sums[i];
-  // A non-finite concentration anywhere in the component poisons it.
-  if (alpha_total(Apart, k, nblk_alpha) != alpha_total(Apart, k, nblk_alpha)) S = NAN;
+  if (threadIdx.x == 0) {
+    double total = 0.0;
+    for (int i = 0; i < kFinishThreads / 32; ++i) total += warp_sums[i];
+    const double A = alpha_total(Apart, k, nblk_alpha);
+    S[k] = A == A ? total : NAN;
+  }
+}
 
-  const int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (v >= V) return;
+// grid (ceil(V / 32), K), 8 warps: grad[k, v] = sum_tiles Cpart[tile, k, v]
+// - a_kv S[k]. Lane l owns column v = 32 blockIdx.x + l; warp w sums tiles
+// w, w + 8, ...; the 8 warp sums are added in order.
+template <typename scalar_t>
+__global__ void __launch_bounds__(kFinishThreads)
+    column_finish_kernel(const double* __restrict__ Cpart, const double* __restrict__ S,
+                         const ColumnAlpha<scalar_t>* __restrict__ cols, int64_t V, int K,
+                         int64_t row_tiles, scalar_t* __restrict__ grad_la) {
+  const int k = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t v = static_cast<int64_t>(blockIdx.x) * 32 + lane;
+  __shared__ double sums[kFinishThreads / 32][32];
   double c = 0.0;
-  for (int64_t tile = 0; tile < row_tiles; ++tile) c += Cpart[(tile * K + k) * V + v];
-  grad_la[k * V + v] =
-      static_cast<scalar_t>(c - static_cast<double>(cols[k * V + v].a) * S);
+  if (v < V) {
+#pragma unroll 4
+    for (int64_t tile = warp; tile < row_tiles; tile += kFinishThreads / 32) {
+      c += Cpart[(tile * K + k) * V + v];
+    }
+  }
+  sums[warp][lane] = c;
+  __syncthreads();
+  if (warp == 0 && v < V) {
+    double total = 0.0;
+#pragma unroll
+    for (int i = 0; i < kFinishThreads / 32; ++i) total += sums[i][lane];
+    grad_la[k * V + v] = static_cast<scalar_t>(total - static_cast<double>(cols[k * V + v].a) * S[k]);
+  }
 }
 
 // Row quantities for the elementwise gradients:
@@ -275,16 +297,6 @@ __global__ void elementwise_backward_kernel(const scalar_t* __restrict__ grad,
   }
 }
 
-template <typename scalar_t>
-__global__ void poch_terms_kernel(const scalar_t* __restrict__ log_alpha,
-                                  const scalar_t* __restrict__ n, int64_t size,
-                                  scalar_t* __restrict__ lnp, scalar_t* __restrict__ adp) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= size) return;
-  const scalar_t a = dm_exp(log_alpha[i]);
-  lnp[i] = lnpoch(a, log_alpha[i], n[i]);
-  adp[i] = adpoch(a, n[i]);
-}
 
 }  // namespace cuda
 }  // namespace dirmult

@@ -95,5 +95,18 @@ __device__ __forceinline__ T warp_sum(T x) {
   return x;  // valid in lane 0
 }
 
+// The sum of p[0], p[stride], ..., p[(n - 1) stride], split across the
+// warp's lanes (lane l takes l, l + 32, ...) and combined by the fixed
+// shuffle tree: the loads overlap instead of queueing behind each other, and
+// the order (so the result) depends on n only. Valid in lane 0.
+__device__ __forceinline__ double warp_ordered_sum(const double* __restrict__ p, int64_t n,
+                                                   int64_t stride) {
+  const int lane = threadIdx.x & 31;
+  double s = 0.0;
+#pragma unroll 4
+  for (int64_t i = lane; i < n; i += 32) s += p[i * stride];
+  return warp_sum(s);
+}
+
 }  // namespace cuda
 }  // namespace dirmult

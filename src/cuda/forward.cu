@@ -28,7 +28,7 @@ void launch_forward_components(const Tensor& counts, const PreparedAlpha<scalar_
       n, pa.cols, pa.Apart, pa.nblk, B, V, K, split, aligned, normalize, out, partial);
   DM_CUDA_CHECK_LAUNCH();
   if (split.num_chunks > 1) {
-    finish_rows_kernel<scalar_t><<<ceil_div(B * K, 256), 256, 0, stream>>>(
+    finish_rows_kernel<scalar_t><<<ceil_div(B * K, 8), 256, 0, stream>>>(
         partial, pa.Apart, pa.nblk, B, K, split.num_chunks, false, normalize, out);
     DM_CUDA_CHECK_LAUNCH();
   }
@@ -52,7 +52,7 @@ void launch_forward_per_sample(const Tensor& counts, const Tensor& log_alpha, in
       n, la, B, V, split, aligned, normalize, out, partial);
   DM_CUDA_CHECK_LAUNCH();
   if (split.num_chunks > 1) {
-    finish_rows_kernel<scalar_t><<<ceil_div(B, 256), 256, 0, stream>>>(
+    finish_rows_kernel<scalar_t><<<ceil_div(B, 8), 256, 0, stream>>>(
         partial, nullptr, 0, B, 1, split.num_chunks, true, normalize, out);
     DM_CUDA_CHECK_LAUNCH();
   }
@@ -88,7 +88,7 @@ void launch_forward_table(const Tensor& counts, const PreparedAlpha<float>& pa, 
       n, table.data, pa.cols, pa.Apart, pa.nblk, B, V, num_chunks, aligned, normalize, out, partial);
   DM_CUDA_CHECK_LAUNCH();
   if (num_chunks > 1) {
-    finish_rows_kernel<float><<<ceil_div(B, 256), 256, 0, stream>>>(
+    finish_rows_kernel<float><<<ceil_div(B, 8), 256, 0, stream>>>(
         partial, pa.Apart, pa.nblk, B, 1, num_chunks, false, normalize, out);
     DM_CUDA_CHECK_LAUNCH();
   }

@@ -157,27 +157,29 @@ __global__ void __launch_bounds__(kRowWarps * 32)
   }
 }
 
-// Sums the chunk partials of each (row, component) in chunk order.
-// per_sample: A comes from the partials; else from Apart.
+// Sums the chunk partials of each (row, component): one warp per pair, in a
+// fixed order. per_sample: A comes from the partials; else from Apart.
 template <typename scalar_t>
-__global__ void finish_rows_kernel(const RowPartial* __restrict__ partial,
-                                   const double* __restrict__ Apart, int nblk_alpha, int64_t B,
-                                   int K, int64_t num_chunks, bool per_sample, bool normalize,
-                                   scalar_t* __restrict__ out) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+__global__ void __launch_bounds__(256)
+    finish_rows_kernel(const RowPartial* __restrict__ partial, const double* __restrict__ Apart,
+                       int nblk_alpha, int64_t B, int K, int64_t num_chunks, bool per_sample,
+                       bool normalize, scalar_t* __restrict__ out) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * 8 + (threadIdx.x >> 5);
   if (i >= B * K) return;
   const int64_t b = i / K;
   const int k = static_cast<int>(i % K);
-  double s = 0.0, N = 0.0, norm = 0.0, A = 0.0;
-  for (int64_t c = 0; c < num_chunks; ++c) {
-    const RowPartial p = partial[(b * num_chunks + c) * K + k];
-    s += p.s;
-    N += p.n;
-    norm += p.norm;
-    A += p.a;
+  // RowPartial is four doubles: walk each field with the struct's stride.
+  static_assert(sizeof(RowPartial) == 4 * sizeof(double), "RowPartial layout");
+  const double* p = reinterpret_cast<const double*>(partial + b * num_chunks * K + k);
+  const int64_t stride = 4 * static_cast<int64_t>(K);
+  const double s = warp_ordered_sum(p + 0, num_chunks, stride);
+  const double N = warp_ordered_sum(p + 1, num_chunks, stride);
+  const double norm = warp_ordered_sum(p + 2, num_chunks, stride);
+  double A = warp_ordered_sum(p + 3, num_chunks, stride);
+  if ((threadIdx.x & 31) == 0) {
+    if (!per_sample) A = alpha_total(Apart, k, nblk_alpha);
+    out[i] = static_cast<scalar_t>(finish_row(s, N, norm, A, normalize));
   }
-  if (!per_sample) A = alpha_total(Apart, k, nblk_alpha);
-  out[i] = static_cast<scalar_t>(finish_row(s, N, norm, A, normalize));
 }
 
 }  // namespace cuda

@@ -1,10 +1,22 @@
 // dirmult::poch_terms on CUDA, and the CUDA registrations of all ops.
-#include "backward_kernels.cuh"
+#include "cuda_utils.cuh"
+#include "dirmult/math.h"
 #include "ops_cuda.h"
 #include "../common/safe_box.h"
 
 namespace dirmult {
 namespace cuda {
+
+template <typename scalar_t>
+__global__ void poch_terms_kernel(const scalar_t* __restrict__ log_alpha,
+                                  const scalar_t* __restrict__ n, int64_t size,
+                                  scalar_t* __restrict__ lnp, scalar_t* __restrict__ adp) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= size) return;
+  const scalar_t a = dm_exp(log_alpha[i]);
+  lnp[i] = lnpoch(a, log_alpha[i], n[i]);
+  adp[i] = adpoch(a, n[i]);
+}
 
 std::tuple<Tensor, Tensor> poch_terms_cuda(Tensor alpha, Tensor n) {
   STD_TORCH_CHECK(is_compute_dtype(alpha.scalar_type()) && n.scalar_type() == alpha.scalar_type(),

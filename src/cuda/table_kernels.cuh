@@ -40,9 +40,9 @@ __global__ void build_tables_kernel(const ColumnAlpha<scalar_t>* __restrict__ co
   if (adp != nullptr) adp[i] = adpoch(c.factors(), c.a, n);
 }
 
-// Rows above which the tables pay for themselves (each entry is used by
-// about B / kTableWidth rows).
-constexpr int64_t kTableMinRows = 256;
+// Rows from which the tables pay for themselves: an entry costs about one
+// direct evaluation, and is used by about B / kTableWidth rows.
+constexpr int64_t kTableMinRows = 32;
 
 // A (V, kTableWidth) float table in scratch memory; kind: lnpoch or adpoch.
 struct ColumnTable {
