@@ -206,7 +206,6 @@ def copy_bandwidth(device: torch.device, timer: Timer, quick: bool) -> dict:
     src = torch.ones(nbytes // F32, device=device, dtype=torch.float32)
     dst = torch.zeros_like(src)  # touched, so the CPU copy does not time page faults
     res = timer(lambda: dst.copy_(src))
-    del src, dst
     moved = 2 * nbytes
     return {"bytes_copied": nbytes, "bytes_moved": moved, "median_us": res["median_us"],
             "reps": res["reps"], "bytes_per_s": moved / (res["median_us"] * 1e-6)}
@@ -368,7 +367,6 @@ def bench_components(B: int, V: int, K: int, g: torch.Generator, device: torch.d
     res["ratio_fwdbwd_floor"] = _med(t["fused_fwdbwd"]) / res["floor_fwdbwd_us"]
     res["speedup_fwd_vs_separate"] = _med(t["separate_fwd"]) / _med(t["fused_fwd"])
     res["speedup_fwdbwd_vs_separate"] = _med(t["separate_fwdbwd"]) / _med(t["fused_fwdbwd"])
-    del counts, la, la_g
     _free(device)
     return res
 
