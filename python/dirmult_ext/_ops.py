@@ -20,6 +20,10 @@ def _cuda_major(version: str) -> str:
     return version.split(".")[0] if version else ""
 
 
+# The released CUDA variants, by the CUDA major version of torch.
+_WHEEL_VARIANTS = {"12": "+cu128", "13": "+cu130"}
+
+
 def _load_cuda_kernels() -> bool:
     lib = _HERE / "_C_cuda.so"
     if torch.version.cuda is None or not lib.exists():
@@ -28,11 +32,13 @@ def _load_cuda_kernels() -> bool:
     if not built:  # a CPU-only build; a stray library is not ours to load
         return False
     if _cuda_major(built) != _cuda_major(torch.version.cuda):
+        tag = _WHEEL_VARIANTS.get(_cuda_major(torch.version.cuda),
+                                  "+cu" + torch.version.cuda.replace(".", ""))
         raise ImportError(
             f"dirmult_ext was built for CUDA {built} but this torch uses CUDA "
-            f"{torch.version.cuda}. Install the dirmult_ext wheel whose local "
-            f"version tag matches your torch (e.g. +cu{torch.version.cuda.replace('.', '')[:3]}), "
-            "or build from source against this torch.")
+            f"{torch.version.cuda}. Install the dirmult_ext wheel for your torch's CUDA, "
+            f"'dirmult_ext==<version>{tag}' (see docs/install.md), or build from "
+            "source against this torch.")
     torch.ops.load_library(str(lib))
     return True
 
