@@ -1,12 +1,12 @@
 // DM_BOX(fn): TORCH_BOX, except that when fn throws, the argument tensors
 // are left alive instead of released.
 //
-// Why: the boxed kernel takes ownership of its argument handles. torch 2.11
-// (and likely other releases before the fix) also releases them itself when
-// the kernel throws, so releasing ours too freed them twice and crashed the
-// process on the second error (seen on the H200 machine with torch 2.11:
-// a segfault in the error-message tests). Leaking a few handles on an error
-// path is harmless; a double free is not.
+// Why: the boxed kernel owns its argument handles, and whether the caller
+// also releases them when a kernel throws differs between torch releases (an
+// open upstream fix changes exactly that). A few handles leaked on an error
+// path are harmless; a double free would not be. Note: this does not cure
+// the crash seen with torch 2.11, where any exception raised inside a
+// stable-ABI kernel kills the process (see docs/DEVELOPING.md).
 #pragma once
 
 #include <torch/csrc/stable/library.h>
