@@ -1,63 +1,94 @@
 #!/usr/bin/env bash
 # The GPU check, run on the H200 machine in one call from the repo root:
-#   builds the package against the machine's torch, runs the main job on
-#   CUDA, the whole test suite with CUDA, compute-sanitizer (memcheck and
-#   racecheck) on every kernel, the 2-GPU fit when two GPUs are present, and
-#   the benchmark. Logs go to $OUT (default ./gpu_out).
-# Stages can be picked: scripts/gpu_check.sh [build] [check] [test] [sanitize] [multigpu] [bench]
+#   builds an sdist of the checkout, builds a wheel from that sdist against
+#   the machine's torch and installs it into a fresh virtual environment
+#   (system site-packages for torch and the test tools), then, against that
+#   installed wheel: the main job on CUDA, the whole test suite with CUDA,
+#   compute-sanitizer (memcheck and racecheck) on every kernel, the 2-GPU fit
+#   when two GPUs are present, the benchmark, and Nsight Compute on the hot
+#   kernels. Logs go to $OUT (default ./gpu_out).
+# Stages can be picked: scripts/gpu_check.sh [wheel] [check] [test] [sanitize] [multigpu] [bench] [profile]
+# (every stage but wheel needs a wheel installed by an earlier wheel stage).
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
 REPO=$PWD
+WORK=${DIRMULT_GPU_WORK:-/tmp/dirmult_gpu}
+VENV=$WORK/venv
+PY=$VENV/bin/python
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-stages=${*:-build check test sanitize multigpu bench}
+stages=${*:-wheel check test sanitize multigpu bench profile}
 status=0
 summary=()
-run_stage() {  # name (also the log file, appended to), command...
-  local name=$1; shift
+run_stage() {  # log (file name under $OUT, appended to), label, command...
+  local log=$1 label=$2; shift 2
   local t0=$SECONDS
-  echo "=== $name: $*" | tee -a "$OUT/$name.log"
-  if "$@" >> "$OUT/$name.log" 2>&1; then
-    summary+=("$name: ok ($((SECONDS - t0)) s)")
+  echo "=== $label: $*" | tee -a "$OUT/$log.log"
+  if "$@" >> "$OUT/$log.log" 2>&1; then
+    summary+=("$label: ok ($((SECONDS - t0)) s)")
   else
-    summary+=("$name: FAILED ($((SECONDS - t0)) s), see $name.log"); status=1
+    summary+=("$label: FAILED ($((SECONDS - t0)) s), see $log.log"); status=1
   fi
-  tail -n 25 "$OUT/$name.log"
+  tail -n 25 "$OUT/$log.log"
 }
 has() { [[ " $stages " == *" $1 "* ]]; }
 
-# At most 8 files come back from the device: keep to build, check, test,
-# sanitize, multigpu, bench (.log and .json) and summary.txt.
+# At most 8 files come back from the device: summary.txt, build, check, test
+# (with multigpu), sanitize, bench (.log and .json) and profile.
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   python3 -c "import torch, sys; print(sys.version.split()[0], torch.__version__, torch.version.cuda, torch.cuda.device_count())"
 } > "$OUT/summary.txt" 2>&1
 cat "$OUT/summary.txt"
 
-if has build; then
-  run_stage build env DIRMULT_CUDA_ARCHS=${DIRMULT_CUDA_ARCHS:-90} DIRMULT_BUILD_JOBS=16 \
-    python3 setup.py build_ext --inplace
+build_wheel_from_sdist() {
+  rm -rf "$WORK" && mkdir -p "$WORK/dist" || return 1
+  # From $WORK: a build/ folder in the checkout would shadow the build package.
+  (cd "$WORK" && python3 -m build --sdist --no-isolation --outdir "$WORK/dist" "$REPO") || return 1
+  env DIRMULT_CUDA_ARCHS="${DIRMULT_CUDA_ARCHS:-90}" DIRMULT_BUILD_JOBS=16 \
+    python3 -m pip wheel --no-build-isolation --no-deps --no-index -w "$WORK/dist" \
+    "$WORK"/dist/dirmult_ext-*.tar.gz || return 1
+  python3 -m venv --system-site-packages "$VENV" || return 1
+  "$PY" -m pip install --no-deps --no-index "$WORK"/dist/dirmult_ext-*.whl || return 1
+  ls -l "$WORK/dist"
+  (cd "$WORK" && "$PY" -m dirmult_ext)  # build info of the installed wheel
+  command -v cuobjdump >/dev/null && cuobjdump -res-usage \
+    "$VENV"/lib/python3*/site-packages/dirmult_ext/_C_cuda.so | grep -A1 "table" | head -60
+  return 0
+}
+if has wheel; then
+  run_stage build "wheel from sdist" build_wheel_from_sdist
+  [ $status -eq 0 ] || { printf '%s\n' "${summary[@]}" | tee -a "$OUT/summary.txt"; exit 1; }
 fi
-export PYTHONPATH=$REPO/python
+# Everything below runs the installed wheel, from outside the checkout.
+export DIRMULT_EXPECT_INSTALLED_IN=$VENV
+cd "$WORK" || exit 1
 if has check; then
-  run_stage check python3 -m dirmult_ext check --rows 65536 --categories 1024
-  run_stage check python3 scripts/probe_op_errors.py
+  run_stage check check "$PY" -m dirmult_ext check --rows 65536 --categories 1024
+  run_stage check "op error probe" "$PY" "$REPO/scripts/probe_op_errors.py"
 fi
-has test && run_stage test python3 -m pytest "$REPO/tests" -q -p no:cacheprovider -rfE
+has test && run_stage test test "$PY" -m pytest "$REPO/tests" -q -p no:cacheprovider -rfE \
+  --rootdir "$REPO"
 if has sanitize; then
   export PYTORCH_NO_CUDA_MEMORY_CACHING=1  # so memcheck sees each allocation's bounds
-  run_stage sanitize compute-sanitizer --tool memcheck --error-exitcode 1 \
-    python3 scripts/sanitizer_cases.py
-  run_stage sanitize compute-sanitizer --tool racecheck --error-exitcode 1 \
-    python3 scripts/sanitizer_cases.py
+  run_stage sanitize memcheck compute-sanitizer --tool memcheck --error-exitcode 1 \
+    "$PY" "$REPO/scripts/sanitizer_cases.py"
+  run_stage sanitize racecheck compute-sanitizer --tool racecheck --error-exitcode 1 \
+    "$PY" "$REPO/scripts/sanitizer_cases.py"
   unset PYTORCH_NO_CUDA_MEMORY_CACHING
 fi
-if has multigpu && [ "$(python3 -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ] \
-   && [ -f "$REPO/scripts/multigpu_fit_check.sh" ]; then
-  run_stage multigpu bash "$REPO/scripts/multigpu_fit_check.sh"
+if has multigpu && [ "$("$PY" -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; then
+  run_stage test "2-GPU fit" env PATH="$VENV/bin:$PATH" bash "$REPO/scripts/multigpu_fit_check.sh"
 fi
 if has bench; then
-  run_stage bench python3 -m dirmult_ext.bench --per-sample --components 16 --markdown \
+  run_stage bench bench "$PY" -m dirmult_ext.bench --per-sample --components 16 --markdown \
     --json "$OUT/bench.json"
+fi
+if has profile && command -v ncu >/dev/null; then
+  run_stage profile "ncu" timeout 300 ncu --clock-control none \
+    -k "regex:forward_table|components_table|column_backward|column_finish|components_finish" \
+    --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
+    --section LaunchStats --section WarpStateStats --section SchedulerStats \
+    "$PY" "$REPO/scripts/profile_kernels.py"
 fi
 echo "=== summary"
 printf '%s\n' "${summary[@]}" | tee -a "$OUT/summary.txt"

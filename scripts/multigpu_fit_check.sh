@@ -7,7 +7,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 tmp=$(mktemp -d)
 args=(--synthetic --rows 200000 --cols 300 --seed 7 --tol 1e-10)
 python3 -m dirmult_ext.distributed "${args[@]}" --out "$tmp/one.npz"
-torchrun --standalone --nproc_per_node=2 -m dirmult_ext.distributed "${args[@]}" --out "$tmp/two.npz"
+python3 -m torch.distributed.run --standalone --nproc_per_node=2 -m dirmult_ext.distributed "${args[@]}" --out "$tmp/two.npz"
 python3 - "$tmp/one.npz" "$tmp/two.npz" <<'PY'
 import sys
 import numpy as np

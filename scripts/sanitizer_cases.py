@@ -1,6 +1,6 @@
 """Runs every CUDA kernel once on small inputs (all code paths: vector and
-scalar loads, split rows, per-sample alpha, components, counts gradient,
-float64) for compute-sanitizer. Exits non-zero on a wrong answer."""
+scalar loads, split rows, per-sample alpha, components with and without
+lookup tables, counts gradient, float64) for compute-sanitizer. Exits non-zero on a wrong answer."""
 import torch
 
 import dirmult_ext
@@ -36,6 +36,9 @@ if __name__ == "__main__":
     case(9, 2100, shared=False)     # per-sample, split rows
     case(13, 70, counts_grad=True)
     case(17, 1500, K=5)             # components, two column chunks
+    case(40, 1030, K=3)             # component tables, K <= 4, ragged slices
+    case(33, 301, K=7)              # component tables, K <= 8, scalar loads
+    case(64, 260, torch.uint8, K=18)  # component tables, two component blocks
     case(6, 33, torch.int64, K=9)
     la = torch.randn(50, device="cuda")
     torch.ops.dirmult.poch_terms(la, torch.rand(50, device="cuda") * 40)

@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "backward_kernels.cuh"
+#include "component_table_kernels.cuh"
 #include "table_kernels.cuh"
 #include "ops_cuda.h"
 
@@ -38,7 +39,7 @@ void launch_backward_columns(const Tensor& grad, const Tensor& counts,
   if constexpr (std::is_same_v<scalar_t, float> && KB == 1) {
     if (K == 1 && B >= kTableMinRows) {
       const ColumnTable table = build_table(counts, pa.cols, V, false, TableKind::kAlphaDPoch, stream);
-      allow_table_smem(column_backward_kernel<float, count_t, 1, true>);
+      allow_table_smem(column_backward_kernel<float, count_t, 1, true>, kColThreads);
       column_backward_kernel<float, count_t, 1, true><<<grid, kColThreads, kTableSmemBytes, stream>>>(
           g, n, pa.cols, table.data, B, V, K, tiling, aligned, Cpart, Npart);
       DM_CUDA_CHECK_LAUNCH();
@@ -59,6 +60,75 @@ void launch_backward_columns(const Tensor& grad, const Tensor& counts,
   column_finish_kernel<scalar_t><<<fgrid, kFinishThreads, 0, stream>>>(
       Cpart, S, pa.cols, V, K, tiling.row_tiles, grad_la);
   DM_CUDA_CHECK_LAUNCH();
+}
+
+// grad_la (K, V) for K float32 components over many rows, with the
+// component tables: the table kernel's column partials, the row totals and
+// weights, then the same finish as launch_backward_columns.
+template <typename count_t, int KB>
+void launch_components_backward_table(const Tensor& grad, const Tensor& counts,
+                                      const PreparedAlpha<float>& pa, int64_t B, int64_t V,
+                                      int K, float* grad_la, cudaStream_t stream) {
+  constexpr int C = CompSlice<KB>::kCols;
+  const ColumnTable table =
+      build_table(counts, pa.cols, K * V, false, TableKind::kAlphaDPoch, stream);
+  const int64_t slices = ceil_div(V, C), k_blocks = ceil_div(K, KB);
+  const int per_sm = allow_table_smem(components_table_backward_kernel<count_t, KB>,
+                                      kCompThreads, kCompTableBytes);
+  // One wave of resident blocks; row tiles are fixed ranges, summed in order.
+  const int64_t tiles = std::max<int64_t>(
+      1, std::min(ceil_div(B, 64), static_cast<int64_t>(per_sm) * num_sms() / (slices * k_blocks)));
+  const int64_t rows_per_tile = ceil_div(B, tiles);
+  const int64_t row_tiles = ceil_div(B, rows_per_tile);
+  const int64_t c_bytes = row_tiles * K * V * static_cast<int64_t>(sizeof(double));
+  const int64_t n_bytes = B * static_cast<int64_t>(sizeof(double));
+  const int64_t w_bytes = B * K * static_cast<int64_t>(sizeof(double));
+  Tensor ws = workspace(counts, c_bytes + n_bytes + w_bytes + K * static_cast<int64_t>(sizeof(double)));
+  auto* base = static_cast<char*>(ws.mutable_data_ptr());
+  auto* Cpart = reinterpret_cast<double*>(base);
+  auto* N = reinterpret_cast<double*>(base + c_bytes);
+  auto* w = reinterpret_cast<double*>(base + c_bytes + n_bytes);
+  auto* S = reinterpret_cast<double*>(base + c_bytes + n_bytes + w_bytes);
+  const auto* n = static_cast<const count_t*>(counts.const_data_ptr());
+  const auto* g = static_cast<const float*>(grad.const_data_ptr());
+  const dim3 grid(static_cast<unsigned>(slices), static_cast<unsigned>(row_tiles),
+                  static_cast<unsigned>(k_blocks));
+  components_table_backward_kernel<count_t, KB><<<grid, kCompThreads, kCompTableBytes, stream>>>(
+      g, n, pa.cols, table.data, B, V, K, rows_per_tile, Cpart);
+  DM_CUDA_CHECK_LAUNCH();
+  const bool aligned = V % 4 == 0 && is_aligned<count_t>(n);
+  row_count_totals_kernel<count_t><<<ceil_div(B, 8), 256, 0, stream>>>(n, B, V, aligned, N);
+  DM_CUDA_CHECK_LAUNCH();
+  row_weights_kernel<float><<<ceil_div(B * K, 8), 256, 0, stream>>>(g, N, 1, pa.Apart, pa.nblk,
+                                                                     B, K, w);
+  DM_CUDA_CHECK_LAUNCH();
+  sum_weights_kernel<<<K, kFinishThreads, 0, stream>>>(w, pa.Apart, pa.nblk, B, K, S);
+  DM_CUDA_CHECK_LAUNCH();
+  const dim3 fgrid(static_cast<unsigned>(ceil_div(V, 32)), static_cast<unsigned>(K));
+  column_finish_kernel<float><<<fgrid, kFinishThreads, 0, stream>>>(Cpart, S, pa.cols, V, K,
+                                                                    row_tiles, grad_la);
+  DM_CUDA_CHECK_LAUNCH();
+}
+
+template <typename scalar_t, typename count_t>
+bool try_components_backward_table(const Tensor& grad, const Tensor& counts,
+                                   const PreparedAlpha<scalar_t>& pa, int64_t B, int64_t V, int K,
+                                   scalar_t* grad_la, cudaStream_t stream) {
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    if (B < kTableMinRows) return false;
+    switch (component_block(K)) {
+      case 4:
+        launch_components_backward_table<count_t, 4>(grad, counts, pa, B, V, K, grad_la, stream);
+        break;
+      case 8:
+        launch_components_backward_table<count_t, 8>(grad, counts, pa, B, V, K, grad_la, stream);
+        break;
+      default:
+        launch_components_backward_table<count_t, 16>(grad, counts, pa, B, V, K, grad_la, stream);
+    }
+    return true;
+  }
+  return false;
 }
 
 template <typename scalar_t, typename count_t>
@@ -143,6 +213,10 @@ Tensor log_lik_components_backward_cuda(Tensor grad, Tensor counts, Tensor log_a
     auto* gla = static_cast<scalar_t*>(grad_la.mutable_data_ptr());
     const PreparedAlpha<scalar_t> pa = prepare_alpha<scalar_t>(log_alpha, K, V, stream);
     DM_DISPATCH_NATIVE_COUNTS(counts.scalar_type(), [&] {
+      if (try_components_backward_table<scalar_t, count_t>(grad, counts, pa, B, V, K, gla,
+                                                           stream)) {
+        return;
+      }
       launch_backward_columns<scalar_t, count_t, kComponentBlockBwd>(grad, counts, pa, B, V, K,
                                                                      gla, stream);
     });

@@ -18,6 +18,7 @@
 #include "alpha_prep.cuh"
 #include "cuda_utils.cuh"
 #include "dirmult/math.h"
+#include "table_kernels.cuh"
 
 namespace dirmult {
 namespace cuda {
@@ -64,8 +65,13 @@ __global__ void __launch_bounds__(kColThreads)
 
   extern __shared__ float adp_tab[];
   if constexpr (kTable) {
-    const int64_t len = min(V - chunk0, static_cast<int64_t>(kColsPerBlock)) * kMaxExactCount1;
-    for (int64_t i = t; i < len; i += blockDim.x) adp_tab[i] = adp_table[chunk0 * kMaxExactCount1 + i];
+    static_assert(kColsPerBlock == kTableChunk, "the table slot layout is per 1024 columns");
+    const int len = static_cast<int>(min(V - chunk0, static_cast<int64_t>(kColsPerBlock))) *
+                    kMaxExactCount1;
+    for (int i = t; i < len; i += blockDim.x) {
+      const int v = i / kMaxExactCount1;
+      adp_tab[table_slot(v, i - v * kMaxExactCount1)] = adp_table[chunk0 * kMaxExactCount1 + i];
+    }
     __syncthreads();
   }
 
@@ -122,9 +128,9 @@ __global__ void __launch_bounds__(kColThreads)
         const scalar_t x = n[i][j];
         if (x == scalar_t(0)) continue;
         if constexpr (kTable) {
-          const int idx = static_cast<int>(x);
-          if (x <= scalar_t(kMaxExactCount) && static_cast<scalar_t>(idx) == x) {
-            acc[0][j] += g[0] * static_cast<double>(adp_tab[(4 * t + j) * kMaxExactCount1 + idx]);
+          int idx;
+          if (table_index(x, idx)) {
+            acc[0][j] += g[0] * static_cast<double>(adp_tab[table_slot(4 * t + j, idx)]);
             continue;
           }
         }

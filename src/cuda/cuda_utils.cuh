@@ -95,6 +95,28 @@ __device__ __forceinline__ T warp_sum(T x) {
   return x;  // valid in lane 0
 }
 
+// The same fixed tree as warp_sum, as a butterfly: valid in every lane.
+template <typename T>
+__device__ __forceinline__ T warp_allsum(T x) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+
+// Streaming multiprocessors of the current device (cached per device).
+inline int num_sms() {
+  static int cached[64] = {};
+  int dev = 0;
+  cudaGetDevice(&dev);
+  if (dev < 0 || dev >= 64) dev = 0;
+  if (cached[dev] == 0) {
+    int sms = 0;
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    cached[dev] = sms > 0 ? sms : 132;
+  }
+  return cached[dev];
+}
+
 // The sum of p[0], p[stride], ..., p[(n - 1) stride], split across the
 // warp's lanes (lane l takes l, l + 32, ...) and combined by the fixed
 // shuffle tree: the loads overlap instead of queueing behind each other, and

@@ -1,5 +1,6 @@
 // CUDA forward ops: dirmult::log_lik and dirmult::log_lik_components.
 #include "forward_kernels.cuh"
+#include "component_table_kernels.cuh"
 #include "table_kernels.cuh"
 #include "ops_cuda.h"
 
@@ -72,17 +73,13 @@ void launch_forward_table(const Tensor& counts, const PreparedAlpha<float>& pa, 
   }
   const auto* n = static_cast<const count_t*>(counts.const_data_ptr());
   const bool aligned = V % 4 == 0 && is_aligned<count_t>(n);
-  // Enough row groups for ~4 blocks per SM over all chunks; every row's sum
-  // is one warp's, in a fixed order, whatever the grid.
-  static int num_sms = [] {
-    int dev = 0, sms = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    return sms > 0 ? sms : 132;
-  }();
+  // One full wave of resident blocks over all chunks (a second, partial wave
+  // would double the time of the rows it holds); every row's sum is one
+  // warp's, in a fixed order, whatever the grid.
+  const int per_sm = allow_table_smem(forward_table_kernel<count_t>, kRowWarps * 32);
   const int64_t groups = std::max<int64_t>(
-      1, std::min(ceil_div(B, kRowWarps), ceil_div(4 * static_cast<int64_t>(num_sms), num_chunks)));
-  allow_table_smem(forward_table_kernel<count_t>);
+      1, std::min(ceil_div(B, kRowWarps),
+                  static_cast<int64_t>(per_sm) * num_sms() / num_chunks));
   const dim3 grid(static_cast<unsigned>(num_chunks), static_cast<unsigned>(groups));
   forward_table_kernel<count_t><<<grid, kRowWarps * 32, kTableSmemBytes, stream>>>(
       n, table.data, pa.cols, pa.Apart, pa.nblk, B, V, num_chunks, aligned, normalize, out, partial);
@@ -92,6 +89,59 @@ void launch_forward_table(const Tensor& counts, const PreparedAlpha<float>& pa, 
         partial, pa.Apart, pa.nblk, B, 1, num_chunks, false, normalize, out);
     DM_CUDA_CHECK_LAUNCH();
   }
+}
+
+// K float32 components over many rows: the component lookup-table kernel,
+// then the per-(row, component) finish.
+template <typename count_t, int KB>
+void launch_components_table(const Tensor& counts, const PreparedAlpha<float>& pa, int64_t B,
+                             int64_t V, int K, bool normalize, float* out, cudaStream_t stream) {
+  constexpr int C = CompSlice<KB>::kCols;
+  const ColumnTable table =
+      build_table(counts, pa.cols, K * V, normalize, TableKind::kLogPoch, stream);
+  const int64_t slices = ceil_div(V, C), k_blocks = ceil_div(K, KB);
+  const int64_t s_bytes = B * slices * K * static_cast<int64_t>(sizeof(float));
+  const int64_t n_offset = ceil_div(s_bytes, 16) * 16;  // Npart is double2: 16-byte aligned
+  Tensor ws = workspace(counts, n_offset + B * slices * static_cast<int64_t>(sizeof(double2)));
+  auto* Spart = static_cast<float*>(ws.mutable_data_ptr());
+  auto* Npart = reinterpret_cast<double2*>(static_cast<char*>(ws.mutable_data_ptr()) + n_offset);
+  const auto* n = static_cast<const count_t*>(counts.const_data_ptr());
+  const bool aligned = V % 4 == 0 && is_aligned<count_t>(n);
+  const int per_sm = allow_table_smem(components_table_forward_kernel<count_t, KB>, kCompThreads,
+                                      kCompTableBytes);
+  // One wave of resident blocks; each group of rows is a fixed range.
+  const int64_t groups = std::max<int64_t>(
+      1, std::min(ceil_div(B, kCompWarps),
+                  static_cast<int64_t>(per_sm) * num_sms() / (slices * k_blocks)));
+  const int64_t rows_per_group = ceil_div(B, groups);
+  const dim3 grid(static_cast<unsigned>(slices), static_cast<unsigned>(ceil_div(B, rows_per_group)),
+                  static_cast<unsigned>(k_blocks));
+  components_table_forward_kernel<count_t, KB><<<grid, kCompThreads, kCompTableBytes, stream>>>(
+      n, table.data, pa.cols, B, V, K, rows_per_group, aligned, normalize, Spart, Npart);
+  DM_CUDA_CHECK_LAUNCH();
+  components_finish_kernel<float><<<ceil_div(B * K, 256), 256, 0, stream>>>(
+      Spart, Npart, slices, pa.Apart, pa.nblk, B, K, normalize, out);
+  DM_CUDA_CHECK_LAUNCH();
+}
+
+template <typename scalar_t, typename count_t>
+bool try_components_table(const Tensor& counts, const PreparedAlpha<scalar_t>& pa, int64_t B,
+                          int64_t V, int K, bool normalize, scalar_t* out, cudaStream_t stream) {
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    if (B < kTableMinRows) return false;
+    switch (component_block(K)) {
+      case 4:
+        launch_components_table<count_t, 4>(counts, pa, B, V, K, normalize, out, stream);
+        break;
+      case 8:
+        launch_components_table<count_t, 8>(counts, pa, B, V, K, normalize, out, stream);
+        break;
+      default:
+        launch_components_table<count_t, 16>(counts, pa, B, V, K, normalize, out, stream);
+    }
+    return true;
+  }
+  return false;
 }
 
 // The table path is float32 only (a float64 table would not fit the shared
@@ -149,6 +199,7 @@ Tensor log_lik_components_cuda(Tensor counts, Tensor log_alpha, bool normalize) 
     auto* o = static_cast<scalar_t*>(out.mutable_data_ptr());
     const PreparedAlpha<scalar_t> pa = prepare_alpha<scalar_t>(log_alpha, K, V, stream);
     DM_DISPATCH_NATIVE_COUNTS(counts.scalar_type(), [&] {
+      if (try_components_table<scalar_t, count_t>(counts, pa, B, V, K, normalize, o, stream)) return;
       launch_forward_components<scalar_t, count_t, kComponentBlock>(counts, pa, B, V, K, normalize,
                                                                     o, stream);
     });

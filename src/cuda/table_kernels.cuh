@@ -50,19 +50,25 @@ struct ColumnTable {
   float* data;
 };
 
-// Raises a table kernel's dynamic shared-memory limit, once per device (the
-// attribute is per device).
+// Raises a table kernel's dynamic shared-memory limit to `bytes`, once per
+// device (the attribute is per device), and returns how many of its blocks of
+// `threads` fit on one SM, so grids can be sized to whole waves.
 template <typename Kernel>
-void allow_table_smem(Kernel* kernel) {
-  static bool done[64] = {};
+int allow_table_smem(Kernel* kernel, int threads, size_t bytes = kTableSmemBytes) {
+  static int blocks_per_sm[64] = {};
   int dev = 0;
   cudaGetDevice(&dev);
-  if (dev < 0 || dev >= 64 || done[dev]) return;
-  const cudaError_t err = cudaFuncSetAttribute(
-      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kTableSmemBytes));
-  STD_TORCH_CHECK(err == cudaSuccess, "dirmult: cannot use ", kTableSmemBytes,
+  if (dev < 0 || dev >= 64) dev = 0;
+  if (blocks_per_sm[dev] > 0) return blocks_per_sm[dev];
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(bytes));
+  STD_TORCH_CHECK(err == cudaSuccess, "dirmult: cannot use ", bytes,
                   " bytes of shared memory: ", cudaGetErrorString(err));
-  done[dev] = true;
+  int blocks = 0;
+  err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, bytes);
+  STD_TORCH_CHECK(err == cudaSuccess, "dirmult: occupancy query failed: ", cudaGetErrorString(err));
+  blocks_per_sm[dev] = std::max(blocks, 1);
+  return blocks_per_sm[dev];
 }
 
 enum class TableKind { kLogPoch, kAlphaDPoch };
@@ -81,12 +87,23 @@ inline ColumnTable build_table(const torch::stable::Tensor& like, const ColumnAl
 }
 
 __device__ __forceinline__ bool table_index(float n, int& idx) {  // n in the table?
-  idx = static_cast<int>(n);
-  return n <= static_cast<float>(kMaxExactCount) && static_cast<float>(idx) == n;
+  idx = static_cast<int>(n);  // NaN converts to 0, +-inf saturates
+  return static_cast<unsigned>(idx) <= static_cast<unsigned>(kMaxExactCount) &&
+         static_cast<float>(idx) == n;
+}
+
+// Shared-memory position of (column v of the chunk, count n): n-major, and
+// within an n-row column v sits at (v % 4) * (chunk / 4) + v / 4, so the 32
+// lanes of a warp, each reading 4 consecutive columns, hit 32 different banks
+// for every j, whatever counts they hold.
+__device__ __forceinline__ int table_slot(int v, int n) {
+  return n * kTableChunk + (v & 3) * (kTableChunk / 4) + (v >> 2);
 }
 
 // Forward with the table: grid (column chunks, row groups), a warp per row.
-// Each block holds its chunk's slice of the table in shared memory.
+// Each block holds its chunk's slice of the table in shared memory. The
+// per-row float64 finish (lnpoch(A, N), log N!) is done for 32 rows at once,
+// a row per lane, instead of by lane 0 alone.
 template <typename count_t>
 __global__ void __launch_bounds__(kRowWarps * 32)
     forward_table_kernel(const count_t* __restrict__ counts, const float* __restrict__ table,
@@ -97,21 +114,26 @@ __global__ void __launch_bounds__(kRowWarps * 32)
   extern __shared__ float tab[];
   const int64_t c = blockIdx.x;
   const int64_t v0 = c * kTableChunk;
-  const int64_t len = min(V - v0, static_cast<int64_t>(kTableChunk));
-  for (int64_t i = threadIdx.x; i < len * kTableWidth; i += blockDim.x) {
-    tab[i] = table[v0 * kTableWidth + i];
+  const int len = static_cast<int>(min(V - v0, static_cast<int64_t>(kTableChunk)));
+  for (int i = threadIdx.x; i < len * kTableWidth; i += blockDim.x) {
+    const int v = i / kTableWidth;
+    tab[table_slot(v, i - v * kTableWidth)] = table[v0 * kTableWidth + i];
   }
   __syncthreads();
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const double A = alpha_total(Apart, 0, nblk_alpha);
 
+  // Row finished by this lane: the (i % 32)-th row of the warp's sequence.
+  int64_t my_b = -1;
+  double my_s = 0.0, my_N = 0.0, my_norm = 0.0;
+  int i = 0;
   for (int64_t b = static_cast<int64_t>(blockIdx.y) * kRowWarps + warp; b < B;
-       b += static_cast<int64_t>(gridDim.y) * kRowWarps) {
+       b += static_cast<int64_t>(gridDim.y) * kRowWarps, ++i) {
     const count_t* row = counts + b * V + v0;
     double s = 0.0, N = 0.0, norm = 0.0;
     bool ok = true;
-    for (int64_t base = 4 * lane; base < len; base += 128 * kTableUnroll) {
+    for (int base = 4 * lane; base < len; base += 128 * kTableUnroll) {
       float n[kTableUnroll][4];
       double exact[kTableUnroll][4];
 #pragma unroll
@@ -120,37 +142,43 @@ __global__ void __launch_bounds__(kRowWarps * 32)
       }
 #pragma unroll
       for (int u = 0; u < kTableUnroll; ++u) {
+        float part = 0.0f;  // at most 4 terms in float, then into the double sum
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           const float x = n[u][j];
           if (x == 0.0f) continue;
           ok = ok && is_valid_count(x);
           N += exact[u][j];
-          const int64_t v = base + 128 * u + j;
+          const int v = base + 128 * u + j;
           int idx;
           if (table_index(x, idx)) {
-            s += static_cast<double>(tab[v * kTableWidth + idx]);
+            part += tab[table_slot(v, idx)];
           } else {  // non-integer or large counts: the math path
             const ColumnAlpha<float> col = cols[v0 + v];
             s += static_cast<double>(lnpoch(col.factors(), col.a, col.log_a, x));
             if (normalize) norm -= static_cast<double>(log_factorial(x));
           }
         }
+        s += static_cast<double>(part);
       }
     }
-    s = warp_sum(s);
-    N = warp_sum(N);
-    norm = warp_sum(norm);
-    const bool row_ok = __all_sync(0xffffffffu, ok);
-    if (lane == 0) {
-      const double sv = row_ok ? s : NAN;
-      if (num_chunks == 1) {
-        out[b] = static_cast<float>(finish_row(sv, N, norm, A, normalize));
-      } else {
-        partial[b * num_chunks + c] = {sv, N, norm, 0.0};
-      }
+    s = warp_allsum(s);
+    N = warp_allsum(N);
+    if (__any_sync(0xffffffffu, norm != 0.0)) norm = warp_allsum(norm);
+    if (!__all_sync(0xffffffffu, ok)) s = NAN;
+    if (num_chunks > 1) {
+      if (lane == 0) partial[b * num_chunks + c] = {s, N, norm, 0.0};
+      continue;
+    }
+    if ((i & 31) == lane) {
+      my_b = b, my_s = s, my_N = N, my_norm = norm;
+    }
+    if ((i & 31) == 31) {
+      out[my_b] = static_cast<float>(finish_row(my_s, my_N, my_norm, A, normalize));
+      my_b = -1;
     }
   }
+  if (my_b >= 0) out[my_b] = static_cast<float>(finish_row(my_s, my_N, my_norm, A, normalize));
 }
 
 }  // namespace cuda

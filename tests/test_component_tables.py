@@ -1,0 +1,91 @@
+"""log_lik_components on the lookup-table path (float32, B >= 32 rows):
+every component block size (K up to 4, up to 8, up to 16, and more than 16,
+which takes several passes), several column slices with a ragged end, counts
+off the table (large and non-integer), bad counts and concentrations."""
+import pytest
+import torch
+
+import dirmult_ext
+
+from reference import components_float64
+
+
+def mixed_counts(B, V, device, dtype=torch.float32):
+    """Mostly zeros and small integers, with some counts off the table."""
+    counts = torch.randint(0, 17, (B, V)).double()
+    counts *= torch.rand(B, V) > 0.6
+    big = torch.rand(B, V) < 0.02
+    counts[big] = torch.randint(17, 300, (int(big.sum()),)).double()
+    if dtype.is_floating_point:
+        frac = torch.rand(B, V) < 0.02
+        counts[frac] = torch.rand(int(frac.sum())).double() * 30
+    else:
+        counts.clamp_(max=255)
+    return counts.to(dtype=dtype, device=device)
+
+
+@pytest.mark.parametrize("K", [1, 3, 7, 16, 21])
+@pytest.mark.parametrize("normalize", [False, True])
+def test_forward_matches_float64(device, K, normalize):
+    B, V = int(torch.randint(40, 200, ())), int(torch.randint(900, 1300, ()))
+    counts = mixed_counts(B, V, device)
+    log_alpha = torch.empty(K, V).uniform_(-4, 5).to(device)
+    out = dirmult_ext.log_lik_components(counts, log_alpha, normalize=normalize)
+    ref = components_float64(counts, log_alpha, normalize)
+    scale = ref.abs().amax(0).clamp_min(1.0)
+    assert ((out.double().cpu() - ref).abs() / scale).max() < 2e-6
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int64, torch.float64])
+def test_count_dtypes(device, dtype):
+    B, V, K = 64, 517, 5
+    counts = mixed_counts(B, V, device, dtype)
+    log_alpha = torch.empty(K, V).uniform_(-3, 4).to(device)
+    out = dirmult_ext.log_lik_components(counts, log_alpha)
+    ref = components_float64(counts, log_alpha)
+    assert ((out.double().cpu() - ref).abs() / ref.abs().amax(0)).max() < 2e-6
+
+
+@pytest.mark.parametrize("K", [2, 16, 19])
+def test_gradient_matches_float64(device, K):
+    B, V = 150, 700
+    counts = mixed_counts(B, V, device)
+    la64 = torch.empty(K, V, dtype=torch.float64).uniform_(-3, 5).to(device)
+    w = torch.randn(B, K, dtype=torch.float64, device=device)
+    grads = []
+    for dtype in (torch.float32, torch.float64):
+        la = la64.to(dtype).requires_grad_()
+        out = dirmult_ext.log_lik_components(counts.to(dtype), la)
+        grads.append(torch.autograd.grad((out * w.to(dtype)).sum(), la)[0].double())
+    scale = grads[1].abs().amax(1, keepdim=True)
+    assert ((grads[0] - grads[1]).abs() / scale).max() < 1e-5
+
+
+def test_bad_counts_and_concentrations(device):
+    B, V, K = 64, 300, 6
+    counts = mixed_counts(B, V, device)
+    counts[5, 17] = -1.0
+    counts[9, 0] = float("inf")
+    log_alpha = torch.randn(K, V, device=device)
+    log_alpha[2, 4] = float("nan")
+    out = dirmult_ext.log_lik_components(counts, log_alpha)
+    bad_rows = torch.zeros(B, dtype=torch.bool, device=device)
+    bad_rows[[5, 9]] = True
+    assert torch.isnan(out[bad_rows]).all()
+    assert torch.isnan(out[:, 2]).all()
+    good = out[~bad_rows][:, [0, 1, 3, 4, 5]]
+    assert torch.isfinite(good).all()
+
+
+def test_sparse_rows_and_empty_rows(device):
+    B, V, K = 96, 2000, 12
+    counts = torch.zeros(B, V)
+    for b in range(0, B, 2):  # every other row empty, the rest very sparse
+        idx = torch.randint(0, V, (5,))
+        counts[b, idx] = torch.randint(1, 40, (5,)).float()
+    counts = counts.to(device)
+    log_alpha = torch.empty(K, V).uniform_(-2, 2).to(device)
+    out = dirmult_ext.log_lik_components(counts, log_alpha, normalize=True)
+    ref = components_float64(counts, log_alpha, True)
+    torch.testing.assert_close(out.double().cpu(), ref, rtol=2e-6, atol=2e-5)
+    assert (out[1::2] == 0).all()  # an empty row has probability one
