@@ -4,17 +4,26 @@
 #
 #   scripts/check_cuda12_build.sh          # sm_90; CUDA12_ARCHS="80;90" for more
 #
-# Where nvcc 12 comes from. NVIDIA's pip packages for CUDA 12
-# (nvidia-cuda-nvcc-cu12, -runtime-cu12, -cccl-cu12) carry ptxas, libnvvm,
-# libdevice, the crt/runtime headers and libcudart_static.a -- but not the nvcc
-# driver, cicc, cudafe++, fatbinary or nvlink, so they cannot compile a .cu
-# file (checked below, step 1; only CUDA 13's nvidia-cuda-nvcc ships the full
-# compiler). So the toolkit is taken from Debian's archive instead: the
+# Where nvcc 12 comes from. NVIDIA's pip packages for CUDA 12 cannot compile a
+# .cu file: every nvidia-cuda-nvcc-cu12 wheel on the package index (12.0.76
+# ... 12.9.86; re-checked for 12.8.61, 12.8.93, 12.9.41 and 12.9.86) holds only
+# bin/ptxas, nvvm/lib64/libnvvm.so, nvvm/libdevice and include/crt -- no
+# bin/nvcc (the driver), nvcc.profile, nvvm/bin/cicc, cudafe++, fatbinary,
+# nvlink or crt/link.stub. Its companions do not fill the gap:
+# nvidia-cuda-runtime-cu12 has only the headers and libcudart(_static),
+# nvidia-cuda-cccl-cu12 only CUB/Thrust/libcu++, nvidia-nvfatbin-cu12 only a
+# library, cuda-toolkit[nvcc] just pulls nvidia-cuda-nvcc-cu12, and the
+# packages that do ship those binaries (nvidia-cuda-nvcc, nvidia-nvvm,
+# nvidia-cuda-crt) start at 13.0. Step 1 re-checks this file by file for the
+# 12.9 and 12.8 series each run, so a future wheel that carries the compiler
+# is noticed.
+# So the toolkit is taken from Debian's archive instead: the
 # nvidia-cuda-toolkit / nvidia-cuda-dev packages of the next Debian release
-# (trixie, CUDA 12.4.1), fetched with `apt-get download` through a private
-# apt configuration (nothing is installed into the system, /etc/apt is not
-# touched), unpacked with dpkg -x into a scratch folder and arranged as a
-# normal /usr/local/cuda-style tree (bin/, nvvm/, include/, lib64/) with its
+# (trixie, CUDA 12.4.1; sid has the same, only experimental has 12.5),
+# fetched with `apt-get download` through a private apt configuration
+# (nothing is installed into the system, /etc/apt is not touched), unpacked
+# with dpkg -x into a scratch folder and arranged as a normal
+# /usr/local/cuda-style tree (bin/, nvvm/, include/, lib64/) with its
 # own nvcc.profile. NVIDIA builds those binaries for old glibc; they run on
 # Debian 12, with the system gcc 12 as host compiler (CUDA 12.4 takes gcc <= 13).
 # The mirror is the one this machine's apt already uses (DEBIAN_MIRROR overrides).
@@ -34,7 +43,8 @@
 #   DIRMULT_BUILD_JOBS  parallel jobs (default 2)
 #   DEBIAN_MIRROR  Debian archive URL (default: taken from /etc/apt)
 #   DEBIAN_SUITE   suite holding a CUDA 12 toolkit (default trixie)
-#   SKIP_PIP_CHECK=1  skip step 1
+#   CUDA12_PIP_SERIES  nvidia-cuda-nvcc-cu12 series step 1 inspects (default "12.9 12.8")
+#   SKIP_PIP_CHECK=1  skip step 1 (it downloads ~40 MB a series)
 # Takes ~1 GB of downloads (nvidia-cuda-dev is 0.9 GB), ~3 GB unpacked.
 set -euo pipefail
 
@@ -49,20 +59,41 @@ say() { printf '\n=== [%3ds] %s\n' "$((SECONDS - t0))" "$*"; }
 quiet_pip() { "$@" 2>&1 | { grep -v 'is ignored: it is neither a file nor a directory' || true; }; }
 
 # ---------------------------------------------------------------- 1. pip cu12
+# What nvcc needs to turn a .cu file into a linked object, relative to the
+# wheel's nvidia/cuda_nvcc/ (the layout of a CUDA toolkit root). The headers
+# and libcudart_static.a come from nvidia-cuda-runtime-cu12 and
+# nvidia-cuda-cccl-cu12, which do carry them, so only this wheel is inspected.
+PIP_NEEDED=(bin/nvcc bin/nvcc.profile bin/cudafe++ bin/fatbinary bin/nvlink bin/ptxas
+            bin/crt/link.stub nvvm/bin/cicc nvvm/lib64/libnvvm.so
+            nvvm/libdevice/libdevice.10.bc include/crt/host_config.h)
 if [[ "${SKIP_PIP_CHECK:-0}" != 1 ]]; then
-  say "1. what NVIDIA's CUDA 12.8 pip packages hold"
+  say "1. does the package index's nvidia-cuda-nvcc-cu12 hold a whole compiler?"
   rm -rf "$WORK/pipdl"
-  quiet_pip python3 -m pip download -q --no-deps -d "$WORK/pipdl" \
-    "nvidia-cuda-nvcc-cu12==12.8.*" "nvidia-cuda-runtime-cu12==12.8.*" "nvidia-cuda-cccl-cu12==12.8.*"
-  for w in "$WORK"/pipdl/*.whl; do
-    echo "$(basename "$w"):"
-    python3 -m zipfile -l "$w" | awk '{print $1}' | grep -E '/(bin|lib|nvvm/bin)/[^/]+$' \
-      | grep -v '__init__' | sed 's/^/    /' || true
+  pip_complete=""
+  for series in ${CUDA12_PIP_SERIES:-12.9 12.8}; do
+    dl="$WORK/pipdl/$series"
+    quiet_pip python3 -m pip download -q --no-deps -d "$dl" "nvidia-cuda-nvcc-cu12==$series.*" || true
+    whl=("$dl"/nvidia_cuda_nvcc_cu12-*.whl)
+    [[ -f "${whl[0]}" ]] || { echo "nvidia-cuda-nvcc-cu12==$series.*: no wheel downloaded" >&2; continue; }
+    echo "$(basename "${whl[0]}"):"
+    if python3 - "${whl[0]}" "${PIP_NEEDED[@]}" <<'EOF'
+import sys, zipfile
+names = set(zipfile.ZipFile(sys.argv[1]).namelist())
+need = sys.argv[2:]
+have = [f for f in need if "nvidia/cuda_nvcc/" + f in names]
+missing = [f for f in need if f not in have]
+print("    has:    ", " ".join(have) or "none of them")
+print("    missing:", " ".join(missing) or "nothing")
+sys.exit(1 if missing else 0)
+EOF
+    then pip_complete+=" $(basename "${whl[0]}")"; fi
   done
-  if python3 -m zipfile -l "$WORK"/pipdl/nvidia_cuda_nvcc_cu12-*.whl | grep -q 'bin/nvcc '; then
-    echo "-> nvidia-cuda-nvcc-cu12 carries nvcc (unexpected: this script could use it instead)"
+  if [[ -n "$pip_complete" ]]; then
+    echo "-> UNEXPECTED: a whole CUDA 12 compiler is on the index now:$pip_complete"
+    echo "   (this script should be switched to it; it still uses Debian's 12.4 below)"
   else
-    echo "-> no nvcc/cicc/fatbinary/nvlink in nvidia-cuda-nvcc-cu12: pip cannot provide a CUDA 12 compiler"
+    echo "-> no nvcc driver/cicc/cudafe++/fatbinary/nvlink in nvidia-cuda-nvcc-cu12: the index"
+    echo "   cannot provide a CUDA 12 compiler; using Debian's CUDA 12 toolkit"
   fi
 fi
 
@@ -193,4 +224,5 @@ echo "--- importing the 12.x build under torch $("$PY" -c 'import torch; print(t
 set +e
 (cd "$WORK" && PYTHONPATH="$WORK/unpacked" "$PY" -c 'import dirmult_ext' 2>&1 | tail -1)
 set -e
-say "OK: dirmult_ext compiles and links with $("$CUDA/bin/nvcc" --version | grep -o 'release [0-9.]*') for $ARCHS"
+NVCC_REL="$("$CUDA/bin/nvcc" --version | grep -o 'release [0-9.]*, V[0-9.]*')"
+say "OK: dirmult_ext compiles and links with nvcc $NVCC_REL (Debian $SUITE nvidia-cuda-toolkit) for CUDA architectures $ARCHS"

@@ -39,7 +39,7 @@ void launch_backward_columns(const Tensor& grad, const Tensor& counts,
   if constexpr (std::is_same_v<scalar_t, float> && KB == 1) {
     if (K == 1 && B >= kTableMinRows) {
       const ColumnTable table = build_table(counts, pa.cols, V, false, TableKind::kAlphaDPoch, stream);
-      allow_table_smem(column_backward_kernel<float, count_t, 1, true>, kColThreads);
+      allow_table_smem<column_backward_kernel<float, count_t, 1, true>>(kColThreads);
       column_backward_kernel<float, count_t, 1, true><<<grid, kColThreads, kTableSmemBytes, stream>>>(
           g, n, pa.cols, table.data, B, V, K, tiling, aligned, Cpart, Npart);
       DM_CUDA_CHECK_LAUNCH();
@@ -73,8 +73,8 @@ void launch_components_backward_table(const Tensor& grad, const Tensor& counts,
   const ColumnTable table =
       build_table(counts, pa.cols, K * V, false, TableKind::kAlphaDPoch, stream);
   const int64_t slices = ceil_div(V, C), k_blocks = ceil_div(K, KB);
-  const int per_sm = allow_table_smem(components_table_backward_kernel<count_t, KB>,
-                                      kCompThreads, kCompTableBytes);
+  const int per_sm =
+      allow_table_smem<components_table_backward_kernel<count_t, KB>>(kCompThreads, kCompTableBytes);
   // One wave of resident blocks; row tiles are fixed ranges, summed in order.
   const int64_t tiles = std::max<int64_t>(
       1, std::min(ceil_div(B, 64), static_cast<int64_t>(per_sm) * num_sms() / (slices * k_blocks)));

@@ -116,6 +116,7 @@ __global__ void __launch_bounds__(kColThreads)
         for (int j = 0; j < 4; ++j) n[i][j] = scalar_t(0);
       }
     }
+    unsigned rare = 0;  // kTable: counts off the table, bit 4 i + j
 #pragma unroll
     for (int i = 0; i < kRowBatch; ++i) {
       const int64_t b = b0 + i;
@@ -131,13 +132,31 @@ __global__ void __launch_bounds__(kColThreads)
           int idx;
           if (table_index(x, idx)) {
             acc[0][j] += g[0] * static_cast<double>(adp_tab[table_slot(4 * t + j, idx)]);
-            continue;
+          } else if (is_valid_count(x)) {
+            rare |= 1u << (4 * i + j);
           }
+          continue;
         }
 #pragma unroll
         for (int k = 0; k < KB; ++k) {
           acc[k][j] += g[k] * static_cast<double>(adpoch(col[k][j].factors(), col[k][j].a, x));
         }
+      }
+    }
+    if constexpr (kTable) {
+      // Non-integer or large counts: one rolled copy of the math path, out
+      // of the unrolled loops (copies in them overflowed the instruction cache).
+#pragma unroll 1
+      while (rare != 0) {
+        const int e = __ffs(static_cast<int>(rare)) - 1;
+        rare &= rare - 1;
+        const int i = e >> 2, j = e & 3;
+        const scalar_t x = static_cast<scalar_t>(base[(b0 + i) * V + j]);
+        const ColumnAlpha<scalar_t> cl = cols[v0 + j];
+        const double d = static_cast<double>(grad[(b0 + i) * K]) *
+                         static_cast<double>(adpoch(cl.factors(), cl.a, x));
+#pragma unroll
+        for (int jj = 0; jj < 4; ++jj) acc[0][jj] += jj == j ? d : 0.0;
       }
     }
     if (row_totals) {

@@ -123,6 +123,7 @@ __global__ void __launch_bounds__(kCompThreads, 1)
       for (int k = 0; k < KB; ++k) acc[k] = 0.0f;
       double N = 0.0, norm = 0.0;
       bool ok = true;
+      unsigned rare = 0;  // counts off the table, bit 4 u + j
 #pragma unroll
       for (int u = 0; u < L; ++u) {
 #pragma unroll
@@ -136,18 +137,28 @@ __global__ void __launch_bounds__(kCompThreads, 1)
             const float* t = tab + idx * (KB * C) + j * (C / 4) + 32 * u + lane;
 #pragma unroll
             for (int k = 0; k < KB; ++k) acc[k] += t[k * C];
-          } else {  // non-integer or large counts: the math path
-            const int64_t v = v0 + 4 * lane + 128 * u + j;
-#pragma unroll
-            for (int k = 0; k < KB; ++k) {
-              if (kb + k < K) {
-                const ColumnAlpha<float> col = cols[(kb + k) * V + v];
-                acc[k] += lnpoch(col.factors(), col.a, col.log_a, x);
-              }
-            }
-            if (normalize) norm -= static_cast<double>(log_factorial(x));
+          } else if (is_valid_count(x)) {
+            rare |= 1u << (4 * u + j);
           }
         }
+      }
+      // Non-integer or large counts: the math path, one copy of it with a
+      // rolled loop over the components (unrolled copies of it made the
+      // kernel too big for the instruction cache).
+#pragma unroll 1
+      while (rare != 0) {
+        const int e = __ffs(static_cast<int>(rare)) - 1;
+        rare &= rare - 1;
+        const int64_t v = v0 + 4 * lane + 128 * (e >> 2) + (e & 3);
+        const float x = static_cast<float>(counts[b * V + v]);
+#pragma unroll 1
+        for (int k = 0; k < KB && kb + k < K; ++k) {
+          const ColumnAlpha<float> col = cols[(kb + k) * V + v];
+          const float t = lnpoch(col.factors(), col.a, col.log_a, x);
+#pragma unroll
+          for (int kk = 0; kk < KB; ++kk) acc[kk] += kk == k ? t : 0.0f;
+        }
+        if (normalize) norm -= static_cast<double>(log_factorial(x));
       }
       const float part = warp_reduce_scatter<KB>(acc, lane);
       const bool row_ok = __all_sync(0xffffffffu, ok);
@@ -208,40 +219,54 @@ __global__ void __launch_bounds__(kCompThreads, 1)
   const int kq = kb + 4 * q;
   const bool in = c < len;
   const int64_t v = v0 + c;
-  ColumnAlpha<float> col[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    col[i] = in && kq + i < K ? cols[(kq + i) * V + v] : ColumnAlpha<float>{1, 0, 1, 1};
-  }
   double acc[4] = {0.0, 0.0, 0.0, 0.0};
   const float* t_col = tab + (4 * q) * C + c;
   const int64_t b_begin = blockIdx.y * rows_per_tile;
   const int64_t b_end = min(B, b_begin + rows_per_tile);
   for (int64_t b0 = b_begin; b0 < b_end; b0 += kRows) {
-    float x[kRows];
+    // The batch's counts and gradient rows first, so their loads overlap.
+    float x[kRows], g[kRows][4];
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-      x[r] = in && b0 + r < b_end ? static_cast<float>(counts[(b0 + r) * V + v]) : 0.0f;
+      const bool row_in = b0 + r < b_end;
+      x[r] = in && row_in ? static_cast<float>(counts[(b0 + r) * V + v]) : 0.0f;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        g[r][i] = row_in && kq + i < K ? grad[(b0 + r) * K + kq + i] : 0.0f;
+      }
     }
+    // The batch's terms are summed in float (at most kRows of them), then
+    // added to the float64 sums.
+    float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    unsigned rare = 0;  // rows whose count is off the table
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       if (x[r] == 0.0f) continue;
-      const float* g = grad + (b0 + r) * K + kq;
       int idx;
       if (table_index(x[r], idx)) {
         const float* t = t_col + idx * (KB * C);
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          if (kq + i < K) acc[i] += static_cast<double>(g[i]) * static_cast<double>(t[i * C]);
-        }
-      } else {
+        for (int i = 0; i < 4; ++i) part[i] = fmaf(g[r][i], t[i * C], part[i]);
+      } else if (is_valid_count(x[r])) {
+        rare |= 1u << r;
+      }
+    }
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          if (kq + i < K) {
-            acc[i] += static_cast<double>(g[i]) *
-                      static_cast<double>(adpoch(col[i].factors(), col[i].a, x[r]));
-          }
-        }
+    for (int i = 0; i < 4; ++i) acc[i] += static_cast<double>(part[i]);
+    // Non-integer or large counts: one rolled copy of the math path (see the
+    // forward kernel).
+#pragma unroll 1
+    while (rare != 0) {
+      const int r = __ffs(static_cast<int>(rare)) - 1;
+      rare &= rare - 1;
+      const float xr = static_cast<float>(counts[(b0 + r) * V + v]);
+#pragma unroll 1
+      for (int i = 0; i < 4 && kq + i < K; ++i) {
+        const ColumnAlpha<float> col = cols[(kq + i) * V + v];
+        const double t = static_cast<double>(grad[(b0 + r) * K + kq + i]) *
+                         static_cast<double>(adpoch(col.factors(), col.a, xr));
+#pragma unroll
+        for (int ii = 0; ii < 4; ++ii) acc[ii] += ii == i ? t : 0.0;
       }
     }
   }

@@ -76,7 +76,7 @@ void launch_forward_table(const Tensor& counts, const PreparedAlpha<float>& pa, 
   // One full wave of resident blocks over all chunks (a second, partial wave
   // would double the time of the rows it holds); every row's sum is one
   // warp's, in a fixed order, whatever the grid.
-  const int per_sm = allow_table_smem(forward_table_kernel<count_t>, kRowWarps * 32);
+  const int per_sm = allow_table_smem<forward_table_kernel<count_t>>(kRowWarps * 32);
   const int64_t groups = std::max<int64_t>(
       1, std::min(ceil_div(B, kRowWarps),
                   static_cast<int64_t>(per_sm) * num_sms() / num_chunks));
@@ -107,8 +107,8 @@ void launch_components_table(const Tensor& counts, const PreparedAlpha<float>& p
   auto* Npart = reinterpret_cast<double2*>(static_cast<char*>(ws.mutable_data_ptr()) + n_offset);
   const auto* n = static_cast<const count_t*>(counts.const_data_ptr());
   const bool aligned = V % 4 == 0 && is_aligned<count_t>(n);
-  const int per_sm = allow_table_smem(components_table_forward_kernel<count_t, KB>, kCompThreads,
-                                      kCompTableBytes);
+  const int per_sm =
+      allow_table_smem<components_table_forward_kernel<count_t, KB>>(kCompThreads, kCompTableBytes);
   // One wave of resident blocks; each group of rows is a fixed range.
   const int64_t groups = std::max<int64_t>(
       1, std::min(ceil_div(B, kCompWarps),

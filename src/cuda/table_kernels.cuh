@@ -52,20 +52,22 @@ struct ColumnTable {
 
 // Raises a table kernel's dynamic shared-memory limit to `bytes`, once per
 // device (the attribute is per device), and returns how many of its blocks of
-// `threads` fit on one SM, so grids can be sized to whole waves.
-template <typename Kernel>
-int allow_table_smem(Kernel* kernel, int threads, size_t bytes = kTableSmemBytes) {
+// `threads` fit on one SM, so grids can be sized to whole waves. The kernel
+// is a template argument so that each kernel has its own cache (kernels of
+// the same signature share a function type).
+template <auto kKernel>
+int allow_table_smem(int threads, size_t bytes = kTableSmemBytes) {
   static int blocks_per_sm[64] = {};
   int dev = 0;
   cudaGetDevice(&dev);
   if (dev < 0 || dev >= 64) dev = 0;
   if (blocks_per_sm[dev] > 0) return blocks_per_sm[dev];
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  cudaError_t err = cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(bytes));
   STD_TORCH_CHECK(err == cudaSuccess, "dirmult: cannot use ", bytes,
                   " bytes of shared memory: ", cudaGetErrorString(err));
   int blocks = 0;
-  err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, bytes);
+  err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kKernel, threads, bytes);
   STD_TORCH_CHECK(err == cudaSuccess, "dirmult: occupancy query failed: ", cudaGetErrorString(err));
   blocks_per_sm[dev] = std::max(blocks, 1);
   return blocks_per_sm[dev];
@@ -105,7 +107,7 @@ __device__ __forceinline__ int table_slot(int v, int n) {
 // per-row float64 finish (lnpoch(A, N), log N!) is done for 32 rows at once,
 // a row per lane, instead of by lane 0 alone.
 template <typename count_t>
-__global__ void __launch_bounds__(kRowWarps * 32)
+__global__ void __launch_bounds__(kRowWarps * 32, 3)  // 3 blocks: as many as the smem allows
     forward_table_kernel(const count_t* __restrict__ counts, const float* __restrict__ table,
                          const ColumnAlpha<float>* __restrict__ cols,
                          const double* __restrict__ Apart, int nblk_alpha, int64_t B, int64_t V,
@@ -140,6 +142,7 @@ __global__ void __launch_bounds__(kRowWarps * 32)
       for (int u = 0; u < kTableUnroll; ++u) {
         load_counts<float, count_t>(row, base + 128 * u, len, aligned, n[u], exact[u]);
       }
+      unsigned rare = 0;  // counts off the table, bit 4 u + j
 #pragma unroll
       for (int u = 0; u < kTableUnroll; ++u) {
         float part = 0.0f;  // at most 4 terms in float, then into the double sum
@@ -149,17 +152,27 @@ __global__ void __launch_bounds__(kRowWarps * 32)
           if (x == 0.0f) continue;
           ok = ok && is_valid_count(x);
           N += exact[u][j];
-          const int v = base + 128 * u + j;
           int idx;
           if (table_index(x, idx)) {
-            part += tab[table_slot(v, idx)];
-          } else {  // non-integer or large counts: the math path
-            const ColumnAlpha<float> col = cols[v0 + v];
-            s += static_cast<double>(lnpoch(col.factors(), col.a, col.log_a, x));
-            if (normalize) norm -= static_cast<double>(log_factorial(x));
+            part += tab[table_slot(base + 128 * u + j, idx)];
+          } else if (is_valid_count(x)) {
+            rare |= 1u << (4 * u + j);
           }
         }
         s += static_cast<double>(part);
+      }
+      // Non-integer or large counts take the math path: one copy of it, out
+      // of the unrolled loop, so that the hot loop's code stays small (a copy
+      // per unrolled element overflowed the instruction cache).
+#pragma unroll 1
+      while (rare != 0) {
+        const int e = __ffs(static_cast<int>(rare)) - 1;
+        rare &= rare - 1;
+        const int v = base + 128 * (e >> 2) + (e & 3);
+        const float x = static_cast<float>(row[v]);
+        const ColumnAlpha<float> col = cols[v0 + v];
+        s += static_cast<double>(lnpoch(col.factors(), col.a, col.log_a, x));
+        if (normalize) norm -= static_cast<double>(log_factorial(x));
       }
     }
     s = warp_allsum(s);
