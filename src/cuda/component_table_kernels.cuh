@@ -57,20 +57,42 @@ __device__ __forceinline__ void stage_component_tables(float* __restrict__ tab,
   __syncthreads();
 }
 
+// c ? a : b on values in registers. A plain select of two array elements is
+// turned by the compiler into a load through a selected address, which puts
+// the whole array in local memory; PTX's selp takes the values themselves.
+__device__ __forceinline__ float pick(bool c, float a, float b) {
+  float r;
+  asm("{\n\t.reg .pred p;\n\tsetp.ne.s32 p, %3, 0;\n\tselp.f32 %0, %1, %2, p;\n\t}"
+      : "=f"(r)
+      : "f"(a), "f"(b), "r"(static_cast<int>(c)));
+  return r;
+}
+
+// One level of warp_reduce_scatter: lanes exchange half of their S * 2
+// values with the lane S away, keeping the half that their bit S selects.
+// A template per level, so that every loop has a constant trip count and
+// unrolls fully (an index into v that is not a constant puts v in local
+// memory).
+template <int KB, int S>
+__device__ __forceinline__ void reduce_scatter_level(float (&v)[KB], int lane) {
+  if constexpr (S >= 1) {
+    const bool upper = (lane & S) != 0;
+#pragma unroll
+    for (int i = 0; i < S; ++i) {
+      const float send = pick(upper, v[i], v[i + S]);
+      const float keep = pick(upper, v[i + S], v[i]);
+      v[i] = keep + __shfl_xor_sync(0xffffffffu, send, S);
+    }
+    reduce_scatter_level<KB, S / 2>(v, lane);
+  }
+}
+
 // Sums v[k] over the warp for every k at once (a reduce-scatter: KB - 1
 // shuffles, not KB * 5). Returns, in lane l, the sum for k = l % KB.
 template <int KB>
 __device__ __forceinline__ float warp_reduce_scatter(float (&v)[KB], int lane) {
-#pragma unroll
-  for (int s = KB / 2; s >= 1; s /= 2) {
-    const bool upper = (lane & s) != 0;
-#pragma unroll
-    for (int i = 0; i < s; ++i) {
-      const float send = upper ? v[i] : v[i + s];
-      const float keep = upper ? v[i + s] : v[i];
-      v[i] = keep + __shfl_xor_sync(0xffffffffu, send, s);
-    }
-  }
+  static_assert(KB >= 1 && KB <= 32 && (KB & (KB - 1)) == 0, "KB is a power of two");
+  reduce_scatter_level<KB, KB / 2>(v, lane);
   float r = v[0];
 #pragma unroll
   for (int o = KB; o < 32; o <<= 1) r += __shfl_xor_sync(0xffffffffu, r, o);
@@ -142,25 +164,30 @@ __global__ void __launch_bounds__(kCompThreads, 1)
           }
         }
       }
-      // Non-integer or large counts: the math path, one copy of it with a
-      // rolled loop over the components (unrolled copies of it made the
-      // kernel too big for the instruction cache).
+      float part = warp_reduce_scatter<KB>(acc, lane);
+      // Non-integer or large counts: the math path, taken by the whole warp
+      // for one such count at a time, a component per lane. After the
+      // reduction, so that no per-component sums are live across its calls
+      // (they were kept on the stack, and every lookup paid for it).
+      unsigned pending = __ballot_sync(0xffffffffu, rare != 0);
 #pragma unroll 1
-      while (rare != 0) {
-        const int e = __ffs(static_cast<int>(rare)) - 1;
-        rare &= rare - 1;
-        const int64_t v = v0 + 4 * lane + 128 * (e >> 2) + (e & 3);
-        const float x = static_cast<float>(counts[b * V + v]);
+      while (pending != 0) {
+        const int src = __ffs(static_cast<int>(pending)) - 1;
+        pending &= pending - 1;
+        unsigned m = __shfl_sync(0xffffffffu, rare, src);
 #pragma unroll 1
-        for (int k = 0; k < KB && kb + k < K; ++k) {
-          const ColumnAlpha<float> col = cols[(kb + k) * V + v];
-          const float t = lnpoch(col.factors(), col.a, col.log_a, x);
-#pragma unroll
-          for (int kk = 0; kk < KB; ++kk) acc[kk] += kk == k ? t : 0.0f;
+        while (m != 0) {
+          const int e = __ffs(static_cast<int>(m)) - 1;
+          m &= m - 1;
+          const int64_t v = v0 + 4 * src + 128 * (e >> 2) + (e & 3);
+          const float x = static_cast<float>(counts[b * V + v]);
+          if (lane < KB && kb + lane < K) {
+            const ColumnAlpha<float> col = cols[(kb + lane) * V + v];
+            part += lnpoch(col.factors(), col.a, col.log_a, x);
+          }
+          if (normalize && lane == 0) norm -= static_cast<double>(log_factorial(x));
         }
-        if (normalize) norm -= static_cast<double>(log_factorial(x));
       }
-      const float part = warp_reduce_scatter<KB>(acc, lane);
       const bool row_ok = __all_sync(0xffffffffu, ok);
       if (lane < KB && kb + lane < K) {
         Spart[(b * num_slices + slice) * K + kb + lane] = row_ok ? part : NAN;

@@ -20,9 +20,12 @@ struct RowPartial {
   double a;     // A for per-sample alpha
 };
 
-// The per-row terms that do not depend on the columns.
+// The per-row terms that do not depend on the columns. A is NaN when a
+// concentration is not finite: every row is NaN then, empty rows too (for
+// which lnpoch(A, 0) would be 0).
 __device__ __forceinline__ double finish_row(double s, double N, double norm, double A,
                                              bool normalize) {
+  if (A != A) return A;
   double out = s - lnpoch<double>(A, log(A), N);
   if (normalize) out += log_factorial<double>(N) + norm;
   return out;
