@@ -100,4 +100,27 @@ inline int64_t num_rows(const Tensor& counts) {
   return V == 0 ? 0 : counts.numel() / V;
 }
 
+// The backward ops' incoming gradient: on counts' device, in log_alpha's
+// dtype, one value per row (log_lik) or per (row, component).
+inline bool check_log_lik_backward(const Tensor& grad, const Tensor& counts,
+                                   const Tensor& log_alpha) {
+  const bool shared = check_log_alpha(counts, log_alpha);
+  check_same_device(grad, "grad", counts, "counts");
+  STD_TORCH_CHECK(grad.scalar_type() == log_alpha.scalar_type(),
+                  "dirmult: grad must have log_alpha's dtype");
+  STD_TORCH_CHECK(grad.numel() == num_rows(counts), "dirmult: grad must have counts' batch shape");
+  return shared;
+}
+
+inline void check_components_backward(const Tensor& grad, const Tensor& counts,
+                                      const Tensor& log_alpha) {
+  check_components(counts, log_alpha);
+  check_same_device(grad, "grad", counts, "counts");
+  STD_TORCH_CHECK(grad.dim() == 2 && grad.size(0) == counts.size(0) &&
+                      grad.size(1) == log_alpha.size(0),
+                  "dirmult: grad must be (B, K)");
+  STD_TORCH_CHECK(grad.scalar_type() == log_alpha.scalar_type(),
+                  "dirmult: grad must have log_alpha's dtype");
+}
+
 }  // namespace dirmult

@@ -105,13 +105,7 @@ Tensor log_lik_components_cpu(Tensor counts, Tensor log_alpha, bool normalize) {
 }
 
 Tensor log_lik_components_backward_cpu(Tensor grad, Tensor counts, Tensor log_alpha) {
-  check_components(counts, log_alpha);
-  check_same_device(grad, "grad", counts, "counts");
-  STD_TORCH_CHECK(grad.dim() == 2 && grad.size(0) == counts.size(0) &&
-                      grad.size(1) == log_alpha.size(0),
-                  "dirmult: grad must be (B, K)");
-  STD_TORCH_CHECK(grad.scalar_type() == log_alpha.scalar_type(),
-                  "dirmult: grad must have log_alpha's dtype");
+  check_components_backward(grad, counts, log_alpha);
   counts = torch::stable::contiguous(counts);
   log_alpha = torch::stable::contiguous(log_alpha);
   grad = torch::stable::contiguous(grad);

@@ -262,12 +262,7 @@ std::tuple<Tensor, Tensor> log_lik_backward_cpu(Tensor grad, Tensor counts,
                                                 Tensor log_alpha,
                                                 bool normalize,
                                                 bool counts_grad) {
-  const bool shared = check_log_alpha(counts, log_alpha);
-  check_same_device(grad, "grad", counts, "counts");
-  STD_TORCH_CHECK(grad.scalar_type() == log_alpha.scalar_type(),
-                  "dirmult: grad must have log_alpha's dtype");
-  STD_TORCH_CHECK(grad.numel() == num_rows(counts),
-                  "dirmult: grad must have counts' batch shape");
+  const bool shared = check_log_lik_backward(grad, counts, log_alpha);
   counts = torch::stable::contiguous(counts);
   log_alpha = torch::stable::contiguous(log_alpha);
   grad = torch::stable::contiguous(grad);

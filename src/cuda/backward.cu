@@ -154,11 +154,7 @@ void launch_backward_elementwise(const Tensor& grad, const Tensor& counts, const
 
 std::tuple<Tensor, Tensor> log_lik_backward_cuda(Tensor grad, Tensor counts, Tensor log_alpha,
                                                  bool normalize, bool counts_grad) {
-  const bool shared = check_log_alpha(counts, log_alpha);
-  check_same_device(grad, "grad", counts, "counts");
-  STD_TORCH_CHECK(grad.scalar_type() == log_alpha.scalar_type(),
-                  "dirmult: grad must have log_alpha's dtype");
-  STD_TORCH_CHECK(grad.numel() == num_rows(counts), "dirmult: grad must have counts' batch shape");
+  const bool shared = check_log_lik_backward(grad, counts, log_alpha);
   torch::stable::accelerator::DeviceGuard guard(counts.get_device_index());
   counts = native_counts(counts);
   log_alpha = torch::stable::contiguous(log_alpha);
@@ -193,13 +189,7 @@ std::tuple<Tensor, Tensor> log_lik_backward_cuda(Tensor grad, Tensor counts, Ten
 }
 
 Tensor log_lik_components_backward_cuda(Tensor grad, Tensor counts, Tensor log_alpha) {
-  check_components(counts, log_alpha);
-  check_same_device(grad, "grad", counts, "counts");
-  STD_TORCH_CHECK(grad.dim() == 2 && grad.size(0) == counts.size(0) &&
-                      grad.size(1) == log_alpha.size(0),
-                  "dirmult: grad must be (B, K)");
-  STD_TORCH_CHECK(grad.scalar_type() == log_alpha.scalar_type(),
-                  "dirmult: grad must have log_alpha's dtype");
+  check_components_backward(grad, counts, log_alpha);
   torch::stable::accelerator::DeviceGuard guard(counts.get_device_index());
   counts = native_counts(counts);
   log_alpha = torch::stable::contiguous(log_alpha);
