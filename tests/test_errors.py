@@ -117,3 +117,19 @@ def test_module_checks_categories():
         model(torch.ones(2, 4))
     with pytest.raises(ValueError, match=r"init_log_alpha must have shape \(5,\)"):
         dirmult_ext.DirichletMultinomialLogLik(5, torch.zeros(4))
+
+
+@pytest.mark.parametrize("B", [3, 40])  # 40 rows: the lookup-table kernels
+def test_empty_rows_are_nan_with_a_bad_concentration(device, B):
+    """An empty row's log-likelihood is 0 for valid alpha, and NaN (not 0)
+    when a concentration is not finite, like every other row."""
+    counts = torch.zeros(B, 9, device=device)
+    counts[1:, 2] = 4.0
+    la = torch.randn(9, device=device)
+    assert dirmult_ext.log_lik(counts, la)[0] == 0
+    la[5] = math.inf
+    assert torch.isnan(dirmult_ext.log_lik(counts, la)).all()
+    comp = torch.randn(3, 9, device=device)
+    comp[2, 0] = math.nan
+    out = dirmult_ext.log_lik_components(counts, comp)
+    assert torch.isnan(out[:, 2]).all() and (out[0, :2] == 0).all()
