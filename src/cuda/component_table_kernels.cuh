@@ -100,7 +100,7 @@ __device__ __forceinline__ float warp_reduce_scatter(float (&v)[KB], int lane) {
 }
 
 // Forward. grid (column slices, row groups, ceil(K / KB)); a warp per row.
-// Spart (B, slices, K): each (row, slice, component) sum of the table terms.
+// Spart (B, slices, K): each (row, slice, component) sum of lnpoch terms.
 // Npart (B, slices): {N, -sum log n! of the counts off the table}, written by
 // the blocks of the first component block; N is NaN for a bad count.
 template <typename count_t, int KB>
