@@ -28,7 +28,9 @@ def case(B, V, dtype=torch.float32, shared=True, counts_grad=False, K=None):
 
 
 if __name__ == "__main__":
-    case(37, 256)
+    case(37, 256)                   # table path, chunk shorter than the table slice
+    case(40, 1500)                  # table path, two chunks (the second ragged)
+    case(36, 700, torch.int64)      # table path with 8-byte (float64) counts
     case(5, 301)                    # scalar loads (V % 4 != 0)
     case(3, 9000)                   # split rows
     case(20, 64, torch.uint8)

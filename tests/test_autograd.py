@@ -96,3 +96,43 @@ def test_training_step_reduces_loss(device):
         opt.step()
         losses.append(loss.item())
     assert losses[-1] < losses[0] - 1.0
+
+
+def _grads(fn, counts, la, upstream):
+    counts = counts.detach().clone().requires_grad_(counts.requires_grad)
+    la = la.detach().clone().requires_grad_()
+    out = fn(counts, la)
+    wrt = [t for t in (counts, la) if t.requires_grad]
+    return (out.detach(), *torch.autograd.grad(out, wrt, upstream))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("counts_grad", [False, True])
+def test_eager_fast_path_matches_registered_op(device, dtype, counts_grad):
+    # The Python API's eager path (its own autograd.Function) and the op's
+    # registered autograd formula must be the same numbers, bit for bit.
+    counts, la = _inputs(device, B=40, V=300, frac=counts_grad)
+    counts, la = counts.to(dtype).requires_grad_(counts_grad), la.detach().to(dtype)
+    upstream = torch.randn(40, dtype=dtype, device=device)
+    fast = _grads(lambda c, a: dirmult_ext.log_lik(c, a, normalize=True), counts, la, upstream)
+    op = _grads(lambda c, a: torch.ops.dirmult.log_lik(c, a, True), counts, la, upstream)
+    assert len(fast) == len(op) == (3 if counts_grad else 2)
+    for f, o in zip(fast, op):
+        assert torch.equal(f, o)
+    cfast = _grads(lambda c, a: dirmult_ext.log_lik_components(c, a),
+                   counts.detach(), la.expand(3, -1), upstream[:, None].expand(-1, 3))
+    cop = _grads(lambda c, a: torch.ops.dirmult.log_lik_components(c, a, False),
+                 counts.detach(), la.expand(3, -1), upstream[:, None].expand(-1, 3))
+    for f, o in zip(cfast, cop):
+        assert torch.equal(f, o)
+
+
+def test_no_grad_and_inference_mode_paths(device):
+    counts, la = _inputs(device, B=5, V=7)
+    expected = dirmult_ext.log_lik(counts, la)
+    assert expected.requires_grad
+    with torch.no_grad():
+        out = dirmult_ext.log_lik(counts, la)
+    assert not out.requires_grad and torch.equal(out, expected.detach())
+    with torch.inference_mode():
+        assert torch.equal(dirmult_ext.log_lik(counts, la), out)

@@ -6,7 +6,7 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from ._ops import ops
+from ._ops import call_log_lik, call_log_lik_components
 
 COUNT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16,
                 torch.int32, torch.int64, torch.uint8)
@@ -101,7 +101,7 @@ def log_lik(counts: Tensor, log_alpha: Optional[Tensor] = None, *,
     log_alpha = log_alpha.to(_compute_dtype(counts, log_alpha))
     if validate:
         _check_finite(counts, log_alpha, name)
-    return ops.log_lik(counts, log_alpha, normalize)
+    return call_log_lik(counts, log_alpha, normalize)
 
 
 def log_lik_components(counts: Tensor, log_alpha: Tensor, *,
@@ -125,7 +125,7 @@ def log_lik_components(counts: Tensor, log_alpha: Tensor, *,
         raise ValueError(f"log_alpha must be (K, {counts.shape[1]}), got "
                          f"{tuple(log_alpha.shape)}")
     log_alpha = log_alpha.to(_compute_dtype(counts, log_alpha))
-    return ops.log_lik_components(counts, log_alpha, normalize)
+    return call_log_lik_components(counts, log_alpha, normalize)
 
 
 class DirichletMultinomialLogLik(nn.Module):
@@ -156,7 +156,13 @@ class DirichletMultinomialLogLik(nn.Module):
         la = self.log_alpha
         if counts.dtype == torch.float64:
             la = la.to(torch.float64)
-        return torch.ops.dirmult.log_lik(counts, la, self.normalize)
+        if torch.jit.is_scripting():
+            return torch.ops.dirmult.log_lik(counts, la, self.normalize)
+        return self._eager_log_lik(counts, la)
+
+    @torch.jit.unused
+    def _eager_log_lik(self, counts: Tensor, la: Tensor) -> Tensor:
+        return call_log_lik(counts, la, self.normalize)
 
     def extra_repr(self) -> str:
         return f"num_categories={self.log_alpha.shape[0]}, normalize={self.normalize}"

@@ -80,32 +80,34 @@ __device__ __forceinline__ double alpha_total(const double* __restrict__ Apart, 
   return s;
 }
 
-// Workspace and launch for (K, V) log-concentrations.
+// (K, V) log-concentrations prepared in scratch memory.
 template <typename scalar_t>
 struct PreparedAlpha {
-  torch::stable::Tensor storage;  // keeps the workspace alive
   const ColumnAlpha<scalar_t>* cols;
   const double* Apart;
   int nblk;
 };
 
 template <typename scalar_t>
+int64_t prepared_alpha_bytes(int64_t K, int64_t V) {
+  return K * V * static_cast<int64_t>(sizeof(ColumnAlpha<scalar_t>)) +
+         K * prep_blocks(V) * static_cast<int64_t>(sizeof(double));
+}
+
+// Into `dst` (prepared_alpha_bytes, 16-byte aligned), part of the caller's
+// scratch allocation.
+template <typename scalar_t>
 PreparedAlpha<scalar_t> prepare_alpha(const torch::stable::Tensor& log_alpha, int64_t K,
-                                      int64_t V, cudaStream_t stream) {
+                                      int64_t V, void* dst, cudaStream_t stream) {
   const int nblk = prep_blocks(V);
-  const int64_t col_bytes = K * V * static_cast<int64_t>(sizeof(ColumnAlpha<scalar_t>));
-  const int64_t bytes = col_bytes + K * nblk * static_cast<int64_t>(sizeof(double));
-  torch::stable::Tensor ws = torch::stable::new_empty(
-      log_alpha, {bytes}, torch::headeronly::ScalarType::Byte);
-  auto* base = static_cast<char*>(ws.mutable_data_ptr());
-  auto* cols = reinterpret_cast<ColumnAlpha<scalar_t>*>(base);
-  auto* Apart = reinterpret_cast<double*>(base + col_bytes);
+  auto* cols = static_cast<ColumnAlpha<scalar_t>*>(dst);
+  auto* Apart = reinterpret_cast<double*>(cols + K * V);
   if (K > 0) {
     alpha_prep_kernel<scalar_t><<<dim3(nblk, static_cast<unsigned>(K)), kPrepThreads, 0, stream>>>(
         static_cast<const scalar_t*>(log_alpha.const_data_ptr()), V, cols, Apart);
     DM_CUDA_CHECK_LAUNCH();
   }
-  return {ws, cols, Apart, nblk};
+  return {cols, Apart, nblk};
 }
 
 }  // namespace cuda

@@ -13,122 +13,108 @@ namespace {
 
 constexpr int kComponentBlockBwd = 4;  // components per pass in the backward
 
+// The row weights, their sums S_k and grad_la = column partials - a S, from
+// the row totals N (Npart: parts per row) and the column partials Cpart of
+// row_tiles tiles; w and S are (B, K) and (K) doubles of scratch memory.
+template <typename scalar_t>
+void launch_column_finish(const scalar_t* g, const double* Npart, int64_t parts,
+                          const double* Cpart, int64_t row_tiles, const PreparedAlpha<scalar_t>& pa,
+                          int64_t B, int64_t V, int K, double* w, double* S, scalar_t* grad_la,
+                          cudaStream_t stream) {
+  row_weights_kernel<scalar_t><<<row_weights_blocks(B, K, parts), 256, 0, stream>>>(
+      g, Npart, parts, pa.Apart, pa.nblk, B, K, w);
+  DM_CUDA_CHECK_LAUNCH();
+  sum_weights_kernel<<<K, kFinishThreads, 0, stream>>>(w, pa.Apart, pa.nblk, B, K, S);
+  DM_CUDA_CHECK_LAUNCH();
+  const dim3 fgrid(static_cast<unsigned>(ceil_div(V, 32)), static_cast<unsigned>(K));
+  column_finish_kernel<scalar_t><<<fgrid, kFinishThreads, 0, stream>>>(Cpart, S, pa.cols, V, K,
+                                                                       row_tiles, grad_la);
+  DM_CUDA_CHECK_LAUNCH();
+}
+
 // grad_la (K, V) for shared / component alpha: one read of the counts.
-template <typename scalar_t, typename count_t, int KB>
-void launch_backward_columns(const Tensor& grad, const Tensor& counts,
-                             const PreparedAlpha<scalar_t>& pa, int64_t B, int64_t V, int K,
-                             scalar_t* grad_la, cudaStream_t stream) {
+// kTable: float32, K == 1, with the alpha * dpoch lookup table.
+template <typename scalar_t, typename count_t, int KB, bool kTable>
+void launch_backward_columns(const Tensor& grad, const Tensor& counts, const Tensor& log_alpha,
+                             int64_t B, int64_t V, int K, scalar_t* grad_la, cudaStream_t stream) {
+  constexpr auto kKernel = column_backward_kernel<scalar_t, count_t, KB, kTable>;
+  const size_t smem = kTable ? kTableSmemBytes : 0;
   const int64_t k_blocks = ceil_div(K, KB);
-  const ColumnTiling tiling = tile_columns(B, V, k_blocks);
-  const int64_t c_bytes = tiling.row_tiles * K * V * static_cast<int64_t>(sizeof(double));
-  const int64_t n_bytes = B * tiling.col_chunks * static_cast<int64_t>(sizeof(double));
-  const int64_t w_bytes = B * K * static_cast<int64_t>(sizeof(double));
-  const int64_t s_bytes = K * static_cast<int64_t>(sizeof(double));
-  Tensor ws = workspace(counts, c_bytes + n_bytes + w_bytes + s_bytes);
-  auto* base = static_cast<char*>(ws.mutable_data_ptr());
-  auto* Cpart = reinterpret_cast<double*>(base);
-  auto* Npart = reinterpret_cast<double*>(base + c_bytes);
-  auto* w = reinterpret_cast<double*>(base + c_bytes + n_bytes);
-  auto* S = reinterpret_cast<double*>(base + c_bytes + n_bytes + w_bytes);
+  const ColumnTiling tiling = tile_columns(B, V, k_blocks, one_wave_blocks<kKernel>(kColThreads, smem));
+  const int64_t parts = tiling.col_chunks * kColWarps;
+  ScratchLayout layout;
+  const int64_t alpha_at = layout.add(prepared_alpha_bytes<scalar_t>(K, V));
+  const int64_t table_at = layout.add(kTable ? table_bytes(V) : 0);
+  const int64_t c_at = layout.add(tiling.row_tiles * K * V * static_cast<int64_t>(sizeof(double)));
+  const int64_t n_at = layout.add(B * parts * static_cast<int64_t>(sizeof(double)));
+  const int64_t w_at = layout.add(B * K * static_cast<int64_t>(sizeof(double)));
+  const int64_t s_at = layout.add(K * static_cast<int64_t>(sizeof(double)));
+  const Tensor ws = workspace(counts, layout.size());
+  const PreparedAlpha<scalar_t> pa =
+      prepare_alpha<scalar_t>(log_alpha, K, V, ScratchLayout::at<char>(ws, alpha_at), stream);
+  float* table = nullptr;
+  if constexpr (kTable) {
+    table = ScratchLayout::at<float>(ws, table_at);
+    build_table(pa.cols, V, false, TableKind::kAlphaDPoch, table, stream);
+  }
+  auto* Cpart = ScratchLayout::at<double>(ws, c_at);
+  auto* Npart = ScratchLayout::at<double>(ws, n_at);
   const auto* n = static_cast<const count_t*>(counts.const_data_ptr());
   const auto* g = static_cast<const scalar_t*>(grad.const_data_ptr());
   const bool aligned = V % 4 == 0 && is_aligned<count_t>(n);
   const dim3 grid(static_cast<unsigned>(tiling.col_chunks), static_cast<unsigned>(tiling.row_tiles),
                   static_cast<unsigned>(k_blocks));
-  bool tabled = false;
-  if constexpr (std::is_same_v<scalar_t, float> && KB == 1) {
-    if (K == 1 && B >= kTableMinRows) {
-      const ColumnTable table = build_table(counts, pa.cols, V, false, TableKind::kAlphaDPoch, stream);
-      allow_table_smem<column_backward_kernel<float, count_t, 1, true>>(kColThreads);
-      column_backward_kernel<float, count_t, 1, true><<<grid, kColThreads, kTableSmemBytes, stream>>>(
-          g, n, pa.cols, table.data, B, V, K, tiling, aligned, Cpart, Npart);
-      DM_CUDA_CHECK_LAUNCH();
-      tabled = true;
-    }
-  }
-  if (!tabled) {
-    column_backward_kernel<scalar_t, count_t, KB, false><<<grid, kColThreads, 0, stream>>>(
-        g, n, pa.cols, nullptr, B, V, K, tiling, aligned, Cpart, Npart);
-    DM_CUDA_CHECK_LAUNCH();
-  }
-  row_weights_kernel<scalar_t><<<ceil_div(B * K, 8), 256, 0, stream>>>(
-      g, Npart, tiling.col_chunks, pa.Apart, pa.nblk, B, K, w);
+  kKernel<<<grid, kColThreads, smem, stream>>>(g, n, pa.cols, table, B, V, K, tiling, aligned,
+                                               Cpart, Npart);
   DM_CUDA_CHECK_LAUNCH();
-  sum_weights_kernel<<<K, kFinishThreads, 0, stream>>>(w, pa.Apart, pa.nblk, B, K, S);
-  DM_CUDA_CHECK_LAUNCH();
-  const dim3 fgrid(static_cast<unsigned>(ceil_div(V, 32)), static_cast<unsigned>(K));
-  column_finish_kernel<scalar_t><<<fgrid, kFinishThreads, 0, stream>>>(
-      Cpart, S, pa.cols, V, K, tiling.row_tiles, grad_la);
-  DM_CUDA_CHECK_LAUNCH();
+  launch_column_finish<scalar_t>(g, Npart, parts, Cpart, tiling.row_tiles, pa, B, V, K,
+                                 ScratchLayout::at<double>(ws, w_at),
+                                 ScratchLayout::at<double>(ws, s_at), grad_la, stream);
 }
 
 // grad_la (K, V) for K float32 components over many rows, with the
-// component tables: the table kernel's column partials, the row totals and
-// weights, then the same finish as launch_backward_columns.
+// component tables: the table kernel's column partials, the row totals, then
+// the same finish as launch_backward_columns.
 template <typename count_t, int KB>
 void launch_components_backward_table(const Tensor& grad, const Tensor& counts,
-                                      const PreparedAlpha<float>& pa, int64_t B, int64_t V,
-                                      int K, float* grad_la, cudaStream_t stream) {
+                                      const Tensor& log_alpha, int64_t B, int64_t V, int K,
+                                      float* grad_la, cudaStream_t stream) {
   constexpr int C = CompSlice<KB>::kCols;
-  const ColumnTable table =
-      build_table(counts, pa.cols, K * V, false, TableKind::kAlphaDPoch, stream);
   const int64_t slices = ceil_div(V, C), k_blocks = ceil_div(K, KB);
-  const int per_sm =
-      allow_table_smem<components_table_backward_kernel<count_t, KB>>(kCompThreads, kCompTableBytes);
+  const int64_t wave =
+      one_wave_blocks<components_table_backward_kernel<count_t, KB>>(kCompThreads, kCompTableBytes);
   // One wave of resident blocks; row tiles are fixed ranges, summed in order.
-  const int64_t tiles = std::max<int64_t>(
-      1, std::min(ceil_div(B, 64), static_cast<int64_t>(per_sm) * num_sms() / (slices * k_blocks)));
+  const int64_t tiles =
+      std::max<int64_t>(1, std::min(ceil_div(B, 64), wave / (slices * k_blocks)));
   const int64_t rows_per_tile = ceil_div(B, tiles);
   const int64_t row_tiles = ceil_div(B, rows_per_tile);
-  const int64_t c_bytes = row_tiles * K * V * static_cast<int64_t>(sizeof(double));
-  const int64_t n_bytes = B * static_cast<int64_t>(sizeof(double));
-  const int64_t w_bytes = B * K * static_cast<int64_t>(sizeof(double));
-  Tensor ws = workspace(counts, c_bytes + n_bytes + w_bytes + K * static_cast<int64_t>(sizeof(double)));
-  auto* base = static_cast<char*>(ws.mutable_data_ptr());
-  auto* Cpart = reinterpret_cast<double*>(base);
-  auto* N = reinterpret_cast<double*>(base + c_bytes);
-  auto* w = reinterpret_cast<double*>(base + c_bytes + n_bytes);
-  auto* S = reinterpret_cast<double*>(base + c_bytes + n_bytes + w_bytes);
+  ScratchLayout layout;
+  const int64_t alpha_at = layout.add(prepared_alpha_bytes<float>(K, V));
+  const int64_t table_at = layout.add(table_bytes(K * V));
+  const int64_t c_at = layout.add(row_tiles * K * V * static_cast<int64_t>(sizeof(double)));
+  const int64_t n_at = layout.add(B * static_cast<int64_t>(sizeof(double)));
+  const int64_t w_at = layout.add(B * K * static_cast<int64_t>(sizeof(double)));
+  const int64_t s_at = layout.add(K * static_cast<int64_t>(sizeof(double)));
+  const Tensor ws = workspace(counts, layout.size());
+  const PreparedAlpha<float> pa =
+      prepare_alpha<float>(log_alpha, K, V, ScratchLayout::at<char>(ws, alpha_at), stream);
+  float* table = ScratchLayout::at<float>(ws, table_at);
+  build_table(pa.cols, K * V, false, TableKind::kAlphaDPoch, table, stream);
+  auto* Cpart = ScratchLayout::at<double>(ws, c_at);
+  auto* N = ScratchLayout::at<double>(ws, n_at);
   const auto* n = static_cast<const count_t*>(counts.const_data_ptr());
   const auto* g = static_cast<const float*>(grad.const_data_ptr());
   const dim3 grid(static_cast<unsigned>(slices), static_cast<unsigned>(row_tiles),
                   static_cast<unsigned>(k_blocks));
   components_table_backward_kernel<count_t, KB><<<grid, kCompThreads, kCompTableBytes, stream>>>(
-      g, n, pa.cols, table.data, B, V, K, rows_per_tile, Cpart);
+      g, n, pa.cols, table, B, V, K, rows_per_tile, Cpart);
   DM_CUDA_CHECK_LAUNCH();
   const bool aligned = V % 4 == 0 && is_aligned<count_t>(n);
   row_count_totals_kernel<count_t><<<ceil_div(B, 8), 256, 0, stream>>>(n, B, V, aligned, N);
   DM_CUDA_CHECK_LAUNCH();
-  row_weights_kernel<float><<<ceil_div(B * K, 8), 256, 0, stream>>>(g, N, 1, pa.Apart, pa.nblk,
-                                                                     B, K, w);
-  DM_CUDA_CHECK_LAUNCH();
-  sum_weights_kernel<<<K, kFinishThreads, 0, stream>>>(w, pa.Apart, pa.nblk, B, K, S);
-  DM_CUDA_CHECK_LAUNCH();
-  const dim3 fgrid(static_cast<unsigned>(ceil_div(V, 32)), static_cast<unsigned>(K));
-  column_finish_kernel<float><<<fgrid, kFinishThreads, 0, stream>>>(Cpart, S, pa.cols, V, K,
-                                                                    row_tiles, grad_la);
-  DM_CUDA_CHECK_LAUNCH();
-}
-
-template <typename scalar_t, typename count_t>
-bool try_components_backward_table(const Tensor& grad, const Tensor& counts,
-                                   const PreparedAlpha<scalar_t>& pa, int64_t B, int64_t V, int K,
-                                   scalar_t* grad_la, cudaStream_t stream) {
-  if constexpr (std::is_same_v<scalar_t, float>) {
-    if (B < kTableMinRows) return false;
-    switch (component_block(K)) {
-      case 4:
-        launch_components_backward_table<count_t, 4>(grad, counts, pa, B, V, K, grad_la, stream);
-        break;
-      case 8:
-        launch_components_backward_table<count_t, 8>(grad, counts, pa, B, V, K, grad_la, stream);
-        break;
-      default:
-        launch_components_backward_table<count_t, 16>(grad, counts, pa, B, V, K, grad_la, stream);
-    }
-    return true;
-  }
-  return false;
+  launch_column_finish<float>(g, N, 1, Cpart, row_tiles, pa, B, V, K,
+                              ScratchLayout::at<double>(ws, w_at),
+                              ScratchLayout::at<double>(ws, s_at), grad_la, stream);
 }
 
 template <typename scalar_t, typename count_t>
@@ -150,6 +136,38 @@ void launch_backward_elementwise(const Tensor& grad, const Tensor& counts, const
   DM_CUDA_CHECK_LAUNCH();
 }
 
+// Shared alpha: the table path where it applies, else the math path.
+template <typename scalar_t, typename count_t>
+void launch_backward_shared(const Tensor& grad, const Tensor& counts, const Tensor& log_alpha,
+                            int64_t B, int64_t V, scalar_t* grad_la, cudaStream_t stream) {
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    if (use_tables<scalar_t>(B)) {
+      launch_backward_columns<float, count_t, 1, true>(grad, counts, log_alpha, B, V, 1, grad_la,
+                                                       stream);
+      return;
+    }
+  }
+  launch_backward_columns<scalar_t, count_t, 1, false>(grad, counts, log_alpha, B, V, 1, grad_la,
+                                                       stream);
+}
+
+template <typename scalar_t, typename count_t>
+void launch_components_backward(const Tensor& grad, const Tensor& counts, const Tensor& log_alpha,
+                                int64_t B, int64_t V, int K, scalar_t* grad_la,
+                                cudaStream_t stream) {
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    if (use_tables<scalar_t>(B)) {
+      with_component_block(K, [&](auto kb) {
+        launch_components_backward_table<count_t, decltype(kb)::value>(grad, counts, log_alpha, B,
+                                                                       V, K, grad_la, stream);
+      });
+      return;
+    }
+  }
+  launch_backward_columns<scalar_t, count_t, kComponentBlockBwd, false>(grad, counts, log_alpha, B,
+                                                                       V, K, grad_la, stream);
+}
+
 }  // namespace
 
 std::tuple<Tensor, Tensor> log_lik_backward_cuda(Tensor grad, Tensor counts, Tensor log_alpha,
@@ -161,27 +179,33 @@ std::tuple<Tensor, Tensor> log_lik_backward_cuda(Tensor grad, Tensor counts, Ten
   grad = torch::stable::contiguous(grad);
   const int64_t V = counts.size(counts.dim() - 1);
   const int64_t B = num_rows(counts);
-  Tensor grad_la = torch::stable::new_zeros(log_alpha, log_alpha.sizes());
   std::vector<int64_t> counts_grad_shape{0};
   if (counts_grad) counts_grad_shape.assign(counts.sizes().begin(), counts.sizes().end());
-  Tensor grad_counts = torch::stable::new_zeros(log_alpha, counts_grad_shape);
-  if (B == 0 || V == 0) return {grad_la, grad_counts};
+  if (B == 0 || V == 0) {
+    return {torch::stable::new_zeros(log_alpha, log_alpha.sizes()),
+            torch::stable::new_zeros(log_alpha, counts_grad_shape)};
+  }
+  // The kernels write every element of both.
+  Tensor grad_la = torch::stable::new_empty(log_alpha, log_alpha.sizes());
+  Tensor grad_counts = torch::stable::new_empty(log_alpha, counts_grad_shape);
   const cudaStream_t stream = current_stream(counts.get_device_index());
   DM_DISPATCH_COMPUTE(log_alpha.scalar_type(), [&] {
     auto* gla = static_cast<scalar_t*>(grad_la.mutable_data_ptr());
     auto* gc = counts_grad ? static_cast<scalar_t*>(grad_counts.mutable_data_ptr()) : nullptr;
     DM_DISPATCH_NATIVE_COUNTS(counts.scalar_type(), [&] {
-      if (shared) {
-        const PreparedAlpha<scalar_t> pa = prepare_alpha<scalar_t>(log_alpha, 1, V, stream);
-        launch_backward_columns<scalar_t, count_t, 1>(grad, counts, pa, B, V, 1, gla, stream);
-        if (gc != nullptr) {
-          launch_backward_elementwise<scalar_t, count_t>(grad, counts, log_alpha, pa.Apart,
-                                                         pa.nblk, false, B, V, normalize,
-                                                         nullptr, gc, stream);
-        }
-      } else {
+      if (!shared) {
         launch_backward_elementwise<scalar_t, count_t>(grad, counts, log_alpha, nullptr, 0, true,
                                                        B, V, normalize, gla, gc, stream);
+        return;
+      }
+      launch_backward_shared<scalar_t, count_t>(grad, counts, log_alpha, B, V, gla, stream);
+      if (gc != nullptr) {
+        // The counts gradient needs only the concentration totals.
+        const Tensor ws = workspace(counts, prepared_alpha_bytes<scalar_t>(1, V));
+        const PreparedAlpha<scalar_t> pa =
+            prepare_alpha<scalar_t>(log_alpha, 1, V, ws.mutable_data_ptr(), stream);
+        launch_backward_elementwise<scalar_t, count_t>(grad, counts, log_alpha, pa.Apart, pa.nblk,
+                                                       false, B, V, normalize, nullptr, gc, stream);
       }
     });
   });
@@ -196,19 +220,13 @@ Tensor log_lik_components_backward_cuda(Tensor grad, Tensor counts, Tensor log_a
   grad = torch::stable::contiguous(grad);
   const int64_t B = counts.size(0), V = counts.size(1);
   const int K = static_cast<int>(log_alpha.size(0));
-  Tensor grad_la = torch::stable::new_zeros(log_alpha, log_alpha.sizes());
-  if (B == 0 || V == 0 || K == 0) return grad_la;
+  if (B == 0 || V == 0 || K == 0) return torch::stable::new_zeros(log_alpha, log_alpha.sizes());
+  Tensor grad_la = torch::stable::new_empty(log_alpha, log_alpha.sizes());  // every entry written
   const cudaStream_t stream = current_stream(counts.get_device_index());
   DM_DISPATCH_COMPUTE(log_alpha.scalar_type(), [&] {
     auto* gla = static_cast<scalar_t*>(grad_la.mutable_data_ptr());
-    const PreparedAlpha<scalar_t> pa = prepare_alpha<scalar_t>(log_alpha, K, V, stream);
     DM_DISPATCH_NATIVE_COUNTS(counts.scalar_type(), [&] {
-      if (try_components_backward_table<scalar_t, count_t>(grad, counts, pa, B, V, K, gla,
-                                                           stream)) {
-        return;
-      }
-      launch_backward_columns<scalar_t, count_t, kComponentBlockBwd>(grad, counts, pa, B, V, K,
-                                                                     gla, stream);
+      launch_components_backward<scalar_t, count_t>(grad, counts, log_alpha, B, V, K, gla, stream);
     });
   });
   return grad_la;

@@ -5,8 +5,8 @@
 //   S_k = sum_b G[b,k] dpoch(A_k, N_b).
 // column_backward_kernel: a block owns 1024 columns x a tile of rows; each
 //   thread keeps its 4 columns' alpha and sums in registers down the rows
-//   (column sums need no cross-thread traffic), while the row totals N_b are
-//   reduced across the block in batches of 8 rows, in a fixed order.
+//   (column sums need no cross-thread traffic); each warp writes its part of
+//   the row totals N_b, summed in a fixed order by row_weights_kernel.
 // row_weights_kernel: w[b,k] = G[b,k] dpoch(A_k, N_b).
 // column_finish_kernel: S_k = sum_b w[b,k]; grad = sum_tiles C - a S.
 // Every reduction has a shape-determined order: bitwise reproducible.
@@ -25,7 +25,8 @@ namespace cuda {
 
 constexpr int kColThreads = 256;
 constexpr int kColsPerBlock = 4 * kColThreads;
-constexpr int kRowBatch = 8;  // rows reduced together (== warps per block)
+constexpr int kColWarps = kColThreads / 32;
+constexpr int kRowBatch = 8;  // rows whose loads are in flight together
 constexpr int kMaxExactCount1 = kMaxExactCount + 1;  // lookup-table width
 
 struct ColumnTiling {
@@ -34,22 +35,26 @@ struct ColumnTiling {
   int64_t row_tiles;
 };
 
-inline ColumnTiling tile_columns(int64_t B, int64_t V, int64_t k_blocks) {
+// max_blocks: the blocks that are resident at once (one wave).
+inline ColumnTiling tile_columns(int64_t B, int64_t V, int64_t k_blocks, int64_t max_blocks) {
   const int64_t col_chunks = ceil_div(V, kColsPerBlock);
-  // About 512 blocks in all; a tile is a multiple of the row batch.
-  const int64_t tiles = std::max<int64_t>(1, 512 / (col_chunks * k_blocks));
+  // A tile is a multiple of the row batch.
+  const int64_t tiles = std::max<int64_t>(1, max_blocks / (col_chunks * k_blocks));
   int64_t rows = ceil_div(ceil_div(std::max<int64_t>(B, 1), tiles), kRowBatch) * kRowBatch;
   rows = std::max<int64_t>(rows, kRowBatch);
   return {col_chunks, rows, ceil_div(std::max<int64_t>(B, 1), rows)};
 }
 
 // grid (col_chunks, row_tiles, ceil(K / KB)).
-// Cpart: (row_tiles, K, V) column partials. Npart: (B, col_chunks) row totals
-// (written by the blocks with blockIdx.z == 0; NaN marks a bad count).
+// Cpart: (row_tiles, K, V) column partials. Npart: (B, col_chunks, kColWarps)
+// row totals, a warp's 128 columns each (written by the blocks with
+// blockIdx.z == 0; NaN marks a bad count). Warps never wait for each other
+// after the table is staged: no block-wide reduction in the row loop.
 // kTable (float, K == 1): adpoch of small integer counts comes from adp_table
-// (see table_kernels.cuh), staged in shared memory for the block's columns.
+// (see table_kernels.cuh), staged in shared memory for the block's columns;
+// the hot loop is branch-free as in forward_table_kernel.
 template <typename scalar_t, typename count_t, int KB, bool kTable>
-__global__ void __launch_bounds__(kColThreads)
+__global__ void __launch_bounds__(kColThreads, kTable ? 3 : 1)
     column_backward_kernel(const scalar_t* __restrict__ grad, const count_t* __restrict__ counts,
                            const ColumnAlpha<scalar_t>* __restrict__ cols,
                            const float* __restrict__ adp_table, int64_t B, int64_t V, int K,
@@ -62,16 +67,18 @@ __global__ void __launch_bounds__(kColThreads)
   const int64_t b_end = min(B, b_begin + tiling.rows_per_tile);
   const int kb = blockIdx.z * KB;
   const bool row_totals = blockIdx.z == 0;
+  const int64_t n_parts = tiling.col_chunks * kColWarps;  // Npart entries per row
 
   extern __shared__ float adp_tab[];
   if constexpr (kTable) {
     static_assert(kColsPerBlock == kTableChunk, "the table slot layout is per 1024 columns");
-    const int len = static_cast<int>(min(V - chunk0, static_cast<int64_t>(kColsPerBlock))) *
-                    kMaxExactCount1;
-    for (int i = t; i < len; i += blockDim.x) {
+    const int cols_here = static_cast<int>(min(V - chunk0, static_cast<int64_t>(kColsPerBlock)));
+    for (int i = t; i < cols_here * kMaxExactCount1; i += blockDim.x) {
       const int v = i / kMaxExactCount1;
       adp_tab[table_slot(v, i - v * kMaxExactCount1)] = adp_table[chunk0 * kMaxExactCount1 + i];
     }
+    // Columns past V read as count 0: entry 0.
+    for (int v = cols_here + t; v < kColsPerBlock; v += blockDim.x) adp_tab[table_slot(v, 0)] = 0.0f;
     __syncthreads();
   }
 
@@ -90,86 +97,87 @@ __global__ void __launch_bounds__(kColThreads)
 #pragma unroll
     for (int j = 0; j < 4; ++j) acc[k][j] = 0.0;
 
-  __shared__ double row_sums[kRowBatch][kColThreads];
   const count_t* base = counts + v0;
   const int64_t v_end = V - v0;  // columns left from v0
+  const float* tq = adp_tab + t;  // table_slot(4 t + j, n) = n * 1024 + j * 256 + t
   for (int64_t b0 = b_begin; b0 < b_end; b0 += kRowBatch) {
     // All the batch's loads first, so several are in flight per thread.
     scalar_t n[kRowBatch][4];
-    double row_n[kRowBatch];
+    double exact[kRowBatch][4];
 #pragma unroll
     for (int i = 0; i < kRowBatch; ++i) {
-      const int64_t b = b0 + i;
-      row_n[i] = 0.0;
-      if (b < b_end && v_end > 0) {
-        double exact[4];
-        load_counts<scalar_t, count_t>(base + b * V, 0, v_end, aligned, n[i], exact);
-        bool ok = true;
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          row_n[i] += exact[j];
-          ok = ok && (n[i][j] == scalar_t(0) || is_valid_count(n[i][j]));
-        }
-        if (!ok) row_n[i] = NAN;
+      if (b0 + i < b_end && v_end > 0) {
+        load_counts<scalar_t, count_t>(base + (b0 + i) * V, 0, v_end, aligned, n[i], exact[i]);
       } else {
 #pragma unroll
-        for (int j = 0; j < 4; ++j) n[i][j] = scalar_t(0);
+        for (int j = 0; j < 4; ++j) n[i][j] = scalar_t(0), exact[i][j] = 0.0;
       }
     }
     unsigned rare = 0;  // kTable: counts off the table, bit 4 i + j
+    float acc_batch[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // kTable: this batch's terms
 #pragma unroll
     for (int i = 0; i < kRowBatch; ++i) {
       const int64_t b = b0 + i;
-      if (b >= b_end) break;
-      double g[KB];
+      // This thread's part of N_b: table indices as integers, every other
+      // count in float64 (NaN for a bad one).
+      int table_n = 0;
+      double other_n = 0.0;
+      if constexpr (kTable) {
+        const float g = b < b_end ? static_cast<float>(grad[b * K]) : 0.0f;
 #pragma unroll
-      for (int k = 0; k < KB; ++k) g[k] = static_cast<double>(grad[b * K + min(kb + k, K - 1)]);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const scalar_t x = n[i][j];
-        if (x == scalar_t(0)) continue;
-        if constexpr (kTable) {
+        for (int j = 0; j < 4; ++j) {
           int idx;
-          if (table_index(x, idx)) {
-            acc[0][j] += g[0] * static_cast<double>(adp_tab[table_slot(4 * t + j, idx)]);
-          } else if (is_valid_count(x)) {
+          const bool hit = table_index(n[i][j], idx);
+          idx = hit ? idx : 0;
+          table_n += idx;
+          acc_batch[j] = fmaf(g, tq[idx * kTableChunk + j * (kTableChunk / 4)], acc_batch[j]);
+          if (!hit) {  // exactly, from memory (double counts are not exact in float)
             rare |= 1u << (4 * i + j);
+            other_n += is_valid_count(n[i][j]) ? static_cast<double>(base[b * V + j]) : NAN;
           }
-          continue;
         }
+      } else {
+        double g[KB];
 #pragma unroll
         for (int k = 0; k < KB; ++k) {
-          acc[k][j] += g[k] * static_cast<double>(adpoch(col[k][j].factors(), col[k][j].a, x));
+          g[k] = b < b_end ? static_cast<double>(grad[b * K + min(kb + k, K - 1)]) : 0.0;
         }
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const scalar_t x = n[i][j];
+          if (x == scalar_t(0)) continue;
+          other_n += is_valid_count(x) ? exact[i][j] : NAN;
+#pragma unroll
+          for (int k = 0; k < KB; ++k) {
+            acc[k][j] += g[k] * static_cast<double>(adpoch(col[k][j].factors(), col[k][j].a, x));
+          }
+        }
+      }
+      if (row_totals && b0 + i < b_end) {
+        double total = static_cast<double>(__reduce_add_sync(0xffffffffu, table_n));
+        if (__any_sync(0xffffffffu, !(other_n == 0.0))) total += warp_sum(other_n);
+        if (lane == 0) Npart[b * n_parts + blockIdx.x * kColWarps + warp] = total;
       }
     }
     if constexpr (kTable) {
-      // Non-integer or large counts: one rolled copy of the math path, out
-      // of the unrolled loops (copies in them overflowed the instruction cache).
+#pragma unroll
+      for (int j = 0; j < 4; ++j) acc[0][j] += static_cast<double>(acc_batch[j]);
+      // Non-integer, large or bad counts: one rolled copy of the math path,
+      // out of the unrolled loops (copies in them overflowed the instruction
+      // cache). Bad counts are already NaN in N_b, which poisons the gradient.
 #pragma unroll 1
       while (rare != 0) {
         const int e = __ffs(static_cast<int>(rare)) - 1;
         rare &= rare - 1;
         const int i = e >> 2, j = e & 3;
         const scalar_t x = static_cast<scalar_t>(base[(b0 + i) * V + j]);
+        if (!is_valid_count(x)) continue;
         const ColumnAlpha<scalar_t> cl = cols[v0 + j];
         const double d = static_cast<double>(grad[(b0 + i) * K]) *
                          static_cast<double>(adpoch(cl.factors(), cl.a, x));
 #pragma unroll
         for (int jj = 0; jj < 4; ++jj) acc[0][jj] += jj == j ? d : 0.0;
       }
-    }
-    if (row_totals) {
-#pragma unroll
-      for (int i = 0; i < kRowBatch; ++i) row_sums[i][t] = row_n[i];
-      __syncthreads();
-      // Warp w reduces row b0 + w over the block's threads, in a fixed order.
-      double s = 0.0;
-#pragma unroll
-      for (int m = 0; m < kColThreads / 32; ++m) s += row_sums[warp][lane + 32 * m];
-      s = warp_sum(s);
-      if (lane == 0 && b0 + warp < b_end) Npart[(b0 + warp) * tiling.col_chunks + blockIdx.x] = s;
-      __syncthreads();
     }
   }
 #pragma unroll
@@ -182,22 +190,35 @@ __global__ void __launch_bounds__(kColThreads)
   }
 }
 
-// w[b, k] = G[b, k] * dpoch(A_k, N_b), N_b summed over column chunks in a
-// fixed order; one warp per (b, k).
+// w[b, k] = G[b, k] * dpoch(A_k, N_b), N_b the sum of Npart[b, 0 .. parts)
+// in a fixed order: a thread per (b, k) for a few parts per row, a warp per
+// (b, k) (lanes splitting the parts, see warp_ordered_sum) for many.
+constexpr int64_t kMaxPartsPerThread = 32;
+
+inline int64_t row_weights_blocks(int64_t B, int K, int64_t parts) {
+  return ceil_div(B * K, parts <= kMaxPartsPerThread ? 256 : 8);
+}
+
 template <typename scalar_t>
 __global__ void __launch_bounds__(256)
     row_weights_kernel(const scalar_t* __restrict__ grad, const double* __restrict__ Npart,
-                       int64_t col_chunks, const double* __restrict__ Apart, int nblk_alpha,
+                       int64_t parts, const double* __restrict__ Apart, int nblk_alpha,
                        int64_t B, int K, double* __restrict__ w) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * 8 + (threadIdx.x >> 5);
+  const bool per_thread = parts <= kMaxPartsPerThread;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * (per_thread ? 256 : 8) +
+                    (per_thread ? threadIdx.x : threadIdx.x >> 5);
   if (i >= B * K) return;
   const int64_t b = i / K;
   const int k = static_cast<int>(i % K);
-  const double N = warp_ordered_sum(Npart + b * col_chunks, col_chunks, 1);
-  if ((threadIdx.x & 31) == 0) {
-    const double A = alpha_total(Apart, k, nblk_alpha);
-    w[i] = static_cast<double>(grad[i]) * dpoch<double>(A, N) + (N == N ? 0.0 : NAN);
+  double N = 0.0;
+  if (per_thread) {
+    for (int64_t p = 0; p < parts; ++p) N += Npart[b * parts + p];
+  } else {
+    N = warp_ordered_sum(Npart + b * parts, parts, 1);
+    if ((threadIdx.x & 31) != 0) return;
   }
+  const double A = alpha_total(Apart, k, nblk_alpha);
+  w[i] = static_cast<double>(grad[i]) * dpoch<double>(A, N) + (N == N ? 0.0 : NAN);
 }
 
 constexpr int kFinishThreads = 256;

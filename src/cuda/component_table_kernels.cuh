@@ -14,6 +14,8 @@
 // whatever the counts are.
 #pragma once
 
+#include <type_traits>
+
 #include "alpha_prep.cuh"
 #include "cuda_utils.cuh"
 #include "dirmult/math.h"
@@ -36,6 +38,22 @@ struct CompSlice {
 
 // Components per block for K components: one pass over the counts up to 16.
 inline int component_block(int64_t K) { return K <= 4 ? 4 : K <= 8 ? 8 : 16; }
+
+// f(std::integral_constant<int, component_block(K)>{}): one instantiation
+// per block size.
+template <typename F>
+void with_component_block(int64_t K, F&& f) {
+  switch (component_block(K)) {
+    case 4:
+      f(std::integral_constant<int, 4>{});
+      break;
+    case 8:
+      f(std::integral_constant<int, 8>{});
+      break;
+    default:
+      f(std::integral_constant<int, 16>{});
+  }
+}
 
 // Stages the (K * V, kTableWidth) global table's slice: columns [v0, v0 +
 // len) of components [kb, kb + KB). Missing components read as 0.

@@ -10,18 +10,19 @@ namespace {
 
 constexpr int kComponentBlock = 8;  // components per pass over a row
 
-// out (B, K) from counts (B, V) and prepared (K, V) alpha.
+// out (B, K) from counts (B, V) and (K, V) log_alpha, the math path.
 template <typename scalar_t, typename count_t, int KB>
-void launch_forward_components(const Tensor& counts, const PreparedAlpha<scalar_t>& pa, int64_t B,
-                               int64_t V, int K, bool normalize, scalar_t* out,
-                               cudaStream_t stream) {
+void launch_forward_rows(const Tensor& counts, const Tensor& log_alpha, int64_t B, int64_t V,
+                         int K, bool normalize, scalar_t* out, cudaStream_t stream) {
   const RowSplit split = split_rows(B, V);
-  Tensor partial_ws;
-  RowPartial* partial = nullptr;
-  if (split.num_chunks > 1) {
-    partial_ws = workspace(counts, B * split.num_chunks * K * static_cast<int64_t>(sizeof(RowPartial)));
-    partial = static_cast<RowPartial*>(partial_ws.mutable_data_ptr());
-  }
+  ScratchLayout layout;
+  const int64_t alpha_at = layout.add(prepared_alpha_bytes<scalar_t>(K, V));
+  const int64_t partial_at = layout.add(
+      split.num_chunks > 1 ? B * split.num_chunks * K * static_cast<int64_t>(sizeof(RowPartial)) : 0);
+  const Tensor ws = workspace(counts, layout.size());
+  const PreparedAlpha<scalar_t> pa =
+      prepare_alpha<scalar_t>(log_alpha, K, V, ScratchLayout::at<char>(ws, alpha_at), stream);
+  RowPartial* partial = split.num_chunks > 1 ? ScratchLayout::at<RowPartial>(ws, partial_at) : nullptr;
   const auto* n = static_cast<const count_t*>(counts.const_data_ptr());
   const bool aligned = V % 4 == 0 && is_aligned<count_t>(n);
   const int64_t blocks = ceil_div(B * split.num_chunks, kRowWarps);
@@ -61,28 +62,30 @@ void launch_forward_per_sample(const Tensor& counts, const Tensor& log_alpha, in
 
 // Shared float32 alpha over many rows: the lookup-table kernel.
 template <typename count_t>
-void launch_forward_table(const Tensor& counts, const PreparedAlpha<float>& pa, int64_t B,
-                          int64_t V, bool normalize, float* out, cudaStream_t stream) {
-  const ColumnTable table = build_table(counts, pa.cols, V, normalize, TableKind::kLogPoch, stream);
+void launch_forward_table(const Tensor& counts, const Tensor& log_alpha, int64_t B, int64_t V,
+                          bool normalize, float* out, cudaStream_t stream) {
   const int64_t num_chunks = ceil_div(V, kTableChunk);
-  Tensor partial_ws;
-  RowPartial* partial = nullptr;
-  if (num_chunks > 1) {
-    partial_ws = workspace(counts, B * num_chunks * static_cast<int64_t>(sizeof(RowPartial)));
-    partial = static_cast<RowPartial*>(partial_ws.mutable_data_ptr());
-  }
+  ScratchLayout layout;
+  const int64_t alpha_at = layout.add(prepared_alpha_bytes<float>(1, V));
+  const int64_t table_at = layout.add(table_bytes(V));
+  const int64_t partial_at =
+      layout.add(num_chunks > 1 ? B * num_chunks * static_cast<int64_t>(sizeof(RowPartial)) : 0);
+  const Tensor ws = workspace(counts, layout.size());
+  const PreparedAlpha<float> pa =
+      prepare_alpha<float>(log_alpha, 1, V, ScratchLayout::at<char>(ws, alpha_at), stream);
+  float* table = ScratchLayout::at<float>(ws, table_at);
+  build_table(pa.cols, V, normalize, TableKind::kLogPoch, table, stream);
+  RowPartial* partial = num_chunks > 1 ? ScratchLayout::at<RowPartial>(ws, partial_at) : nullptr;
   const auto* n = static_cast<const count_t*>(counts.const_data_ptr());
   const bool aligned = V % 4 == 0 && is_aligned<count_t>(n);
-  // One full wave of resident blocks over all chunks (a second, partial wave
-  // would double the time of the rows it holds); every row's sum is one
+  // One wave of resident blocks over all chunks; every row's sum is one
   // warp's, in a fixed order, whatever the grid.
-  const int per_sm = allow_table_smem<forward_table_kernel<count_t>>(kRowWarps * 32);
-  const int64_t groups = std::max<int64_t>(
-      1, std::min(ceil_div(B, kRowWarps),
-                  static_cast<int64_t>(per_sm) * num_sms() / num_chunks));
+  const int64_t wave =
+      one_wave_blocks<forward_table_kernel<count_t>>(kRowWarps * 32, kTableSmemBytes);
+  const int64_t groups = std::max<int64_t>(1, std::min(ceil_div(B, kRowWarps), wave / num_chunks));
   const dim3 grid(static_cast<unsigned>(num_chunks), static_cast<unsigned>(groups));
   forward_table_kernel<count_t><<<grid, kRowWarps * 32, kTableSmemBytes, stream>>>(
-      n, table.data, pa.cols, pa.Apart, pa.nblk, B, V, num_chunks, aligned, normalize, out, partial);
+      n, table, pa.cols, pa.Apart, pa.nblk, B, V, num_chunks, aligned, normalize, out, partial);
   DM_CUDA_CHECK_LAUNCH();
   if (num_chunks > 1) {
     finish_rows_kernel<float><<<ceil_div(B, 8), 256, 0, stream>>>(
@@ -94,68 +97,67 @@ void launch_forward_table(const Tensor& counts, const PreparedAlpha<float>& pa, 
 // K float32 components over many rows: the component lookup-table kernel,
 // then the per-(row, component) finish.
 template <typename count_t, int KB>
-void launch_components_table(const Tensor& counts, const PreparedAlpha<float>& pa, int64_t B,
-                             int64_t V, int K, bool normalize, float* out, cudaStream_t stream) {
+void launch_components_table(const Tensor& counts, const Tensor& log_alpha, int64_t B, int64_t V,
+                             int K, bool normalize, float* out, cudaStream_t stream) {
   constexpr int C = CompSlice<KB>::kCols;
-  const ColumnTable table =
-      build_table(counts, pa.cols, K * V, normalize, TableKind::kLogPoch, stream);
   const int64_t slices = ceil_div(V, C), k_blocks = ceil_div(K, KB);
-  const int64_t s_bytes = B * slices * K * static_cast<int64_t>(sizeof(float));
-  const int64_t n_offset = ceil_div(s_bytes, 16) * 16;  // Npart is double2: 16-byte aligned
-  Tensor ws = workspace(counts, n_offset + B * slices * static_cast<int64_t>(sizeof(double2)));
-  auto* Spart = static_cast<float*>(ws.mutable_data_ptr());
-  auto* Npart = reinterpret_cast<double2*>(static_cast<char*>(ws.mutable_data_ptr()) + n_offset);
+  ScratchLayout layout;
+  const int64_t alpha_at = layout.add(prepared_alpha_bytes<float>(K, V));
+  const int64_t table_at = layout.add(table_bytes(K * V));
+  const int64_t s_at = layout.add(B * slices * K * static_cast<int64_t>(sizeof(float)));
+  const int64_t n_at = layout.add(B * slices * static_cast<int64_t>(sizeof(double2)));
+  const Tensor ws = workspace(counts, layout.size());
+  const PreparedAlpha<float> pa =
+      prepare_alpha<float>(log_alpha, K, V, ScratchLayout::at<char>(ws, alpha_at), stream);
+  float* table = ScratchLayout::at<float>(ws, table_at);
+  build_table(pa.cols, K * V, normalize, TableKind::kLogPoch, table, stream);
+  auto* Spart = ScratchLayout::at<float>(ws, s_at);
+  auto* Npart = ScratchLayout::at<double2>(ws, n_at);
   const auto* n = static_cast<const count_t*>(counts.const_data_ptr());
   const bool aligned = V % 4 == 0 && is_aligned<count_t>(n);
-  const int per_sm =
-      allow_table_smem<components_table_forward_kernel<count_t, KB>>(kCompThreads, kCompTableBytes);
   // One wave of resident blocks; each group of rows is a fixed range.
-  const int64_t groups = std::max<int64_t>(
-      1, std::min(ceil_div(B, kCompWarps),
-                  static_cast<int64_t>(per_sm) * num_sms() / (slices * k_blocks)));
+  const int64_t wave =
+      one_wave_blocks<components_table_forward_kernel<count_t, KB>>(kCompThreads, kCompTableBytes);
+  const int64_t groups =
+      std::max<int64_t>(1, std::min(ceil_div(B, kCompWarps), wave / (slices * k_blocks)));
   const int64_t rows_per_group = ceil_div(B, groups);
   const dim3 grid(static_cast<unsigned>(slices), static_cast<unsigned>(ceil_div(B, rows_per_group)),
                   static_cast<unsigned>(k_blocks));
   components_table_forward_kernel<count_t, KB><<<grid, kCompThreads, kCompTableBytes, stream>>>(
-      n, table.data, pa.cols, B, V, K, rows_per_group, aligned, normalize, Spart, Npart);
+      n, table, pa.cols, B, V, K, rows_per_group, aligned, normalize, Spart, Npart);
   DM_CUDA_CHECK_LAUNCH();
   components_finish_kernel<float><<<ceil_div(B * K, 256), 256, 0, stream>>>(
       Spart, Npart, slices, pa.Apart, pa.nblk, B, K, normalize, out);
   DM_CUDA_CHECK_LAUNCH();
 }
 
+// Shared alpha: the table path where it applies, else the math path.
 template <typename scalar_t, typename count_t>
-bool try_components_table(const Tensor& counts, const PreparedAlpha<scalar_t>& pa, int64_t B,
-                          int64_t V, int K, bool normalize, scalar_t* out, cudaStream_t stream) {
+void launch_forward_shared(const Tensor& counts, const Tensor& log_alpha, int64_t B, int64_t V,
+                           bool normalize, scalar_t* out, cudaStream_t stream) {
   if constexpr (std::is_same_v<scalar_t, float>) {
-    if (B < kTableMinRows) return false;
-    switch (component_block(K)) {
-      case 4:
-        launch_components_table<count_t, 4>(counts, pa, B, V, K, normalize, out, stream);
-        break;
-      case 8:
-        launch_components_table<count_t, 8>(counts, pa, B, V, K, normalize, out, stream);
-        break;
-      default:
-        launch_components_table<count_t, 16>(counts, pa, B, V, K, normalize, out, stream);
+    if (use_tables<scalar_t>(B)) {
+      launch_forward_table<count_t>(counts, log_alpha, B, V, normalize, out, stream);
+      return;
     }
-    return true;
   }
-  return false;
+  launch_forward_rows<scalar_t, count_t, 1>(counts, log_alpha, B, V, 1, normalize, out, stream);
 }
 
-// The table path is float32 only (a float64 table would not fit the shared
-// memory of a 1024-column block).
 template <typename scalar_t, typename count_t>
-bool try_forward_table(const Tensor& counts, const PreparedAlpha<scalar_t>& pa, int64_t B,
-                       int64_t V, bool normalize, scalar_t* out, cudaStream_t stream) {
+void launch_forward_components(const Tensor& counts, const Tensor& log_alpha, int64_t B, int64_t V,
+                               int K, bool normalize, scalar_t* out, cudaStream_t stream) {
   if constexpr (std::is_same_v<scalar_t, float>) {
-    if (B >= kTableMinRows) {
-      launch_forward_table<count_t>(counts, pa, B, V, normalize, out, stream);
-      return true;
+    if (use_tables<scalar_t>(B)) {
+      with_component_block(K, [&](auto kb) {
+        launch_components_table<count_t, decltype(kb)::value>(counts, log_alpha, B, V, K,
+                                                              normalize, out, stream);
+      });
+      return;
     }
   }
-  return false;
+  launch_forward_rows<scalar_t, count_t, kComponentBlock>(counts, log_alpha, B, V, K, normalize,
+                                                          out, stream);
 }
 
 }  // namespace
@@ -167,16 +169,14 @@ Tensor log_lik_cuda(Tensor counts, Tensor log_alpha, bool normalize) {
   log_alpha = torch::stable::contiguous(log_alpha);
   const int64_t V = counts.size(counts.dim() - 1);
   const int64_t B = num_rows(counts);
-  Tensor out = torch::stable::new_zeros(log_alpha, batch_shape(counts));
-  if (B == 0 || V == 0) return out;
+  if (B == 0 || V == 0) return torch::stable::new_zeros(log_alpha, batch_shape(counts));
+  Tensor out = torch::stable::new_empty(log_alpha, batch_shape(counts));  // every row written
   const cudaStream_t stream = current_stream(counts.get_device_index());
   DM_DISPATCH_COMPUTE(log_alpha.scalar_type(), [&] {
     auto* o = static_cast<scalar_t*>(out.mutable_data_ptr());
     DM_DISPATCH_NATIVE_COUNTS(counts.scalar_type(), [&] {
       if (shared) {
-        const PreparedAlpha<scalar_t> pa = prepare_alpha<scalar_t>(log_alpha, 1, V, stream);
-        if (try_forward_table<scalar_t, count_t>(counts, pa, B, V, normalize, o, stream)) return;
-        launch_forward_components<scalar_t, count_t, 1>(counts, pa, B, V, 1, normalize, o, stream);
+        launch_forward_shared<scalar_t, count_t>(counts, log_alpha, B, V, normalize, o, stream);
       } else {
         launch_forward_per_sample<scalar_t, count_t>(counts, log_alpha, B, V, normalize, o, stream);
       }
@@ -192,16 +192,16 @@ Tensor log_lik_components_cuda(Tensor counts, Tensor log_alpha, bool normalize) 
   log_alpha = torch::stable::contiguous(log_alpha);
   const int64_t B = counts.size(0), V = counts.size(1);
   const int K = static_cast<int>(log_alpha.size(0));
-  Tensor out = torch::stable::new_zeros(log_alpha, {B, static_cast<int64_t>(K)});
-  if (B == 0 || V == 0 || K == 0) return out;
+  if (B == 0 || V == 0 || K == 0) {
+    return torch::stable::new_zeros(log_alpha, {B, static_cast<int64_t>(K)});
+  }
+  Tensor out = torch::stable::new_empty(log_alpha, {B, static_cast<int64_t>(K)});
   const cudaStream_t stream = current_stream(counts.get_device_index());
   DM_DISPATCH_COMPUTE(log_alpha.scalar_type(), [&] {
     auto* o = static_cast<scalar_t*>(out.mutable_data_ptr());
-    const PreparedAlpha<scalar_t> pa = prepare_alpha<scalar_t>(log_alpha, K, V, stream);
     DM_DISPATCH_NATIVE_COUNTS(counts.scalar_type(), [&] {
-      if (try_components_table<scalar_t, count_t>(counts, pa, B, V, K, normalize, o, stream)) return;
-      launch_forward_components<scalar_t, count_t, kComponentBlock>(counts, pa, B, V, K, normalize,
-                                                                    o, stream);
+      launch_forward_components<scalar_t, count_t>(counts, log_alpha, B, V, K, normalize, o,
+                                                    stream);
     });
   });
   return out;

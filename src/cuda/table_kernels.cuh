@@ -18,8 +18,11 @@ namespace cuda {
 
 constexpr int kTableWidth = kMaxExactCount + 1;  // n = 0 .. kMaxExactCount
 constexpr int kTableChunk = 1024;                // columns per block (smem slice)
-constexpr int kTableUnroll = 4;                  // 16-byte loads in flight per lane
+constexpr int kTableUnroll = 8;                  // 16-byte loads in flight per lane
 constexpr size_t kTableSmemBytes = kTableChunk * kTableWidth * sizeof(float);
+// A lane's unrolled loads (or two halves of them) cover a whole chunk, so
+// every column a lane touches is inside the chunk's table slice.
+static_assert(kTableUnroll * 128 == kTableChunk, "a warp's unrolled loads span one chunk");
 
 // lnp[v * W + n] = lnpoch(a_v, n) [- log n! when normalized];
 // adp[v * W + n] = a_v dpoch(a_v, n). One thread per entry.
@@ -44,11 +47,13 @@ __global__ void build_tables_kernel(const ColumnAlpha<scalar_t>* __restrict__ co
 // direct evaluation, and is used by about B / kTableWidth rows.
 constexpr int64_t kTableMinRows = 32;
 
-// A (V, kTableWidth) float table in scratch memory; kind: lnpoch or adpoch.
-struct ColumnTable {
-  torch::stable::Tensor storage;
-  float* data;
-};
+// The table paths are float32 only (a float64 table would not fit the
+// shared memory of a 1024-column block) and need enough rows to pay for the
+// table.
+template <typename scalar_t>
+bool use_tables(int64_t B) {
+  return std::is_same_v<scalar_t, float> && B >= kTableMinRows;
+}
 
 // Raises a table kernel's dynamic shared-memory limit to `bytes`, once per
 // device (the attribute is per device), and returns how many of its blocks of
@@ -73,19 +78,30 @@ int allow_table_smem(int threads, size_t bytes = kTableSmemBytes) {
   return blocks_per_sm[dev];
 }
 
+// Blocks of `threads` (and `bytes` of dynamic shared memory) resident on the
+// whole GPU at once: grids of this many blocks run in one wave (a second,
+// partial wave would double the time of the rows it holds).
+template <auto kKernel>
+int64_t one_wave_blocks(int threads, size_t bytes) {
+  return static_cast<int64_t>(allow_table_smem<kKernel>(threads, bytes)) * num_sms();
+}
+
 enum class TableKind { kLogPoch, kAlphaDPoch };
 
-inline ColumnTable build_table(const torch::stable::Tensor& like, const ColumnAlpha<float>* cols,
-                               int64_t V, bool normalize, TableKind kind, cudaStream_t stream) {
+// Bytes of a (V, kTableWidth) float table.
+inline int64_t table_bytes(int64_t V) {
+  return V * kTableWidth * static_cast<int64_t>(sizeof(float));
+}
+
+// Fills `table` (table_bytes(V) of scratch memory) with lnpoch (normalized
+// or not) or alpha * dpoch of every column, for n = 0 .. kMaxExactCount.
+inline void build_table(const ColumnAlpha<float>* cols, int64_t V, bool normalize, TableKind kind,
+                        float* table, cudaStream_t stream) {
   const int64_t entries = V * kTableWidth;
-  torch::stable::Tensor ws = torch::stable::new_empty(
-      like, {entries * static_cast<int64_t>(sizeof(float))}, torch::headeronly::ScalarType::Byte);
-  auto* data = static_cast<float*>(ws.mutable_data_ptr());
   build_tables_kernel<float><<<ceil_div(entries, 256), 256, 0, stream>>>(
-      cols, V, normalize, kind == TableKind::kLogPoch ? data : nullptr,
-      kind == TableKind::kAlphaDPoch ? data : nullptr);
+      cols, V, normalize, kind == TableKind::kLogPoch ? table : nullptr,
+      kind == TableKind::kAlphaDPoch ? table : nullptr);
   DM_CUDA_CHECK_LAUNCH();
-  return {ws, data};
 }
 
 __device__ __forceinline__ bool table_index(float n, int& idx) {  // n in the table?
@@ -106,6 +122,12 @@ __device__ __forceinline__ int table_slot(int v, int n) {
 // Each block holds its chunk's slice of the table in shared memory. The
 // per-row float64 finish (lnpoch(A, N), log N!) is done for 32 rows at once,
 // a row per lane, instead of by lane 0 alone.
+//
+// The hot loop is branch-free: a zero count looks up entry 0 (which is 0),
+// the table index of a count off the table is replaced by 0 and the count is
+// marked rare; N sums the table indices as integers (one warp reduction
+// instruction per row) and the rare counts exactly, in float64. Validity
+// needs checking only for rare counts (every table index is a valid count).
 template <typename count_t>
 __global__ void __launch_bounds__(kRowWarps * 32, 3)  // 3 blocks: as many as the smem allows
     forward_table_kernel(const count_t* __restrict__ counts, const float* __restrict__ table,
@@ -113,6 +135,8 @@ __global__ void __launch_bounds__(kRowWarps * 32, 3)  // 3 blocks: as many as th
                          const double* __restrict__ Apart, int nblk_alpha, int64_t B, int64_t V,
                          int64_t num_chunks, bool aligned, bool normalize,
                          float* __restrict__ out, RowPartial* __restrict__ partial) {
+  // 8-byte counts: half the loads in flight, or their registers spill.
+  constexpr int kUnroll = sizeof(count_t) > 4 ? kTableUnroll / 2 : kTableUnroll;
   extern __shared__ float tab[];
   const int64_t c = blockIdx.x;
   const int64_t v0 = c * kTableChunk;
@@ -121,6 +145,8 @@ __global__ void __launch_bounds__(kRowWarps * 32, 3)  // 3 blocks: as many as th
     const int v = i / kTableWidth;
     tab[table_slot(v, i - v * kTableWidth)] = table[v0 * kTableWidth + i];
   }
+  // Columns past the end of a short last chunk read as count 0: entry 0.
+  for (int v = len + threadIdx.x; v < kTableChunk; v += blockDim.x) tab[table_slot(v, 0)] = 0.0f;
   __syncthreads();
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
@@ -133,51 +159,59 @@ __global__ void __launch_bounds__(kRowWarps * 32, 3)  // 3 blocks: as many as th
   for (int64_t b = static_cast<int64_t>(blockIdx.y) * kRowWarps + warp; b < B;
        b += static_cast<int64_t>(gridDim.y) * kRowWarps, ++i) {
     const count_t* row = counts + b * V + v0;
-    double s = 0.0, N = 0.0, norm = 0.0;
+    double s = 0.0, rare_N = 0.0, norm = 0.0;
+    int table_N = 0;  // at most kMaxExactCount per column: no overflow
     bool ok = true;
-    for (int base = 4 * lane; base < len; base += 128 * kTableUnroll) {
-      float n[kTableUnroll][4];
-      double exact[kTableUnroll][4];
+    for (int base = 4 * lane; base < len; base += 128 * kUnroll) {
+      float n[kUnroll][4];
+      double unused[kUnroll][4];
 #pragma unroll
-      for (int u = 0; u < kTableUnroll; ++u) {
-        load_counts<float, count_t>(row, base + 128 * u, len, aligned, n[u], exact[u]);
+      for (int u = 0; u < kUnroll; ++u) {
+        load_counts<float, count_t>(row, base + 128 * u, len, aligned, n[u], unused[u]);
       }
+      // table_slot(base + 128 u + j, n) = n * kTableChunk + j * (kTableChunk / 4) + base / 4 + 32 u
+      const float* tq = tab + (base >> 2);
       unsigned rare = 0;  // counts off the table, bit 4 u + j
 #pragma unroll
-      for (int u = 0; u < kTableUnroll; ++u) {
+      for (int u = 0; u < kUnroll; ++u) {
         float part = 0.0f;  // at most 4 terms in float, then into the double sum
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-          const float x = n[u][j];
-          if (x == 0.0f) continue;
-          ok = ok && is_valid_count(x);
-          N += exact[u][j];
           int idx;
-          if (table_index(x, idx)) {
-            part += tab[table_slot(base + 128 * u + j, idx)];
-          } else if (is_valid_count(x)) {
-            rare |= 1u << (4 * u + j);
-          }
+          const bool hit = table_index(n[u][j], idx);
+          idx = hit ? idx : 0;
+          rare |= hit ? 0u : 1u << (4 * u + j);
+          table_N += idx;
+          part += tq[idx * kTableChunk + j * (kTableChunk / 4) + 32 * u];
         }
         s += static_cast<double>(part);
       }
-      // Non-integer or large counts take the math path: one copy of it, out
-      // of the unrolled loop, so that the hot loop's code stays small (a copy
-      // per unrolled element overflowed the instruction cache).
+      // Non-integer, large or bad counts take the math path: one copy of it,
+      // out of the unrolled loop, so that the hot loop's code stays small (a
+      // copy per unrolled element overflowed the instruction cache).
 #pragma unroll 1
       while (rare != 0) {
         const int e = __ffs(static_cast<int>(rare)) - 1;
         rare &= rare - 1;
         const int v = base + 128 * (e >> 2) + (e & 3);
+        if (v >= len) continue;
         const float x = static_cast<float>(row[v]);
+        if (!is_valid_count(x)) {
+          ok = false;
+          continue;
+        }
+        rare_N += static_cast<double>(row[v]);
         const ColumnAlpha<float> col = cols[v0 + v];
         s += static_cast<double>(lnpoch(col.factors(), col.a, col.log_a, x));
         if (normalize) norm -= static_cast<double>(log_factorial(x));
       }
     }
     s = warp_allsum(s);
-    N = warp_allsum(N);
-    if (__any_sync(0xffffffffu, norm != 0.0)) norm = warp_allsum(norm);
+    double N = static_cast<double>(__reduce_add_sync(0xffffffffu, table_N));
+    if (__any_sync(0xffffffffu, rare_N != 0.0 || norm != 0.0)) {
+      N += warp_allsum(rare_N);
+      norm = warp_allsum(norm);
+    }
     if (!__all_sync(0xffffffffu, ok)) s = NAN;
     if (num_chunks > 1) {
       if (lane == 0) partial[b * num_chunks + c] = {s, N, norm, 0.0};
