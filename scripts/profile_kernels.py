@@ -1,6 +1,7 @@
-"""The hot kernels once each at the tall benchmark shape, for Nsight Compute
+"""The hot kernels once each at the benchmark shapes, for Nsight Compute
 (scripts/gpu_check.sh's profile stage): the shared-alpha forward and
-backward table kernels, and the component table kernels at K = 16."""
+backward at tall and wide, the forward at sparse, the component table
+kernels at K = 16, and the per-sample forward."""
 import torch
 
 import dirmult_ext
@@ -18,6 +19,14 @@ torch.autograd.grad(out.sum(), la_k)
 wide = torch.randint(0, 10, (64, 262144), generator=g, device="cuda", dtype=torch.float32)
 la_w = (torch.randn(262144, generator=g, device="cuda") * 0.5).requires_grad_()
 torch.autograd.grad(dirmult_ext.log_lik(wide, la_w).sum(), la_w)
+# sparse: 1% nonzero, stored dense (forward only: the table kernel with 16 chunks)
+mask = torch.rand((16384, 16384), generator=g, device="cuda") < 0.01
+sparse = mask * (1.0 + torch.poisson(torch.full((16384, 16384), 3.0, device="cuda"), generator=g))
+del mask
+dirmult_ext.log_lik(sparse, torch.randn(16384, generator=g, device="cuda"))
+# per-sample alpha (forward), 8192 rows of the tall shape
+ps = counts[:8192]
+dirmult_ext.log_lik(ps, torch.rand(ps.shape, generator=g, device="cuda") * 5 - 2)
 torch.cuda.synchronize()
 print("profiled: log_lik fwd+bwd and log_lik_components fwd+bwd at", (B, V, K),
-      "and log_lik fwd+bwd at", tuple(wide.shape))
+      "and log_lik fwd+bwd at", tuple(wide.shape), "and fwd at", tuple(sparse.shape))

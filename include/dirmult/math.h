@@ -217,11 +217,17 @@ DM_RARE_PATH double lnpoch_exact_refined(double log_a, int n) {
   return log_a + dm_log(p);
 }
 
+// Whether lnpoch_exact's result r needs lnpoch_exact_refined. Only log a < 0
+// with a product (n >= 2) can cancel; n = 1 is log a itself.
+template <typename T>
+DM_HOST_DEVICE bool lnpoch_exact_cancels(T log_a, int n, T r) {
+  return sizeof(T) == sizeof(float) && log_a < T(0) && n >= 2 && r < T(1) && r > T(-1);
+}
+
 template <typename T>
 DM_HOST_DEVICE T lnpoch_exact_checked(const ExactFactors<T>& f, T log_a, int n) {
   T r = lnpoch_exact(f, log_a, n);
-  // Only log a < 0 with a product (n >= 2) can cancel; n = 1 is log a itself.
-  if (sizeof(T) == sizeof(float) && log_a < T(0) && n >= 2 && r < T(1) && r > T(-1)) {
+  if (lnpoch_exact_cancels(log_a, n, r)) {
     r = static_cast<T>(lnpoch_exact_refined(static_cast<double>(log_a), n));
   }
   return r;

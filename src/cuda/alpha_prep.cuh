@@ -28,15 +28,16 @@ inline int prep_blocks(int64_t V) {
   return static_cast<int>(std::min<int64_t>(kMaxPrepBlocks, std::max<int64_t>(1, ceil_div(V, 1024))));
 }
 
-// grid (prep_blocks(V), K). Apart[k * gridDim.x + blk] = sum of alpha over the
-// block's slice, NaN if any log_alpha in it is not finite.
+// Block `blk` of `nblk` of component k: cols for its slice of the columns,
+// and Apart[k * nblk + blk] = the sum of alpha over the slice, NaN if any
+// log_alpha in it is not finite. Every thread of the block must call it.
 template <typename scalar_t>
-__global__ void __launch_bounds__(kPrepThreads)
-    alpha_prep_kernel(const scalar_t* __restrict__ log_alpha, int64_t V,
-                      ColumnAlpha<scalar_t>* __restrict__ cols, double* __restrict__ Apart) {
-  const int k = blockIdx.y;
-  const int64_t slice = ceil_div(V, gridDim.x);
-  const int64_t v0 = blockIdx.x * slice, v1 = min(V, v0 + slice);
+__device__ __forceinline__ void prep_alpha_slice(const scalar_t* __restrict__ log_alpha, int64_t V,
+                                                 int k, int blk, int nblk,
+                                                 ColumnAlpha<scalar_t>* __restrict__ cols,
+                                                 double* __restrict__ Apart) {
+  const int64_t slice = ceil_div(V, nblk);
+  const int64_t v0 = blk * slice, v1 = min(V, v0 + slice);
   double total = 0.0;
   bool finite = true;
   for (int64_t v = v0 + threadIdx.x; v < v1; v += blockDim.x) {
@@ -64,8 +65,16 @@ __global__ void __launch_bounds__(kPrepThreads)
       s += warp_totals[w];
       ok = ok && warp_finite[w];
     }
-    Apart[k * gridDim.x + blockIdx.x] = ok ? s : NAN;
+    Apart[k * nblk + blk] = ok ? s : NAN;
   }
+}
+
+// grid (prep_blocks(V), K): prep_alpha_slice for every block.
+template <typename scalar_t>
+__global__ void __launch_bounds__(kPrepThreads)
+    alpha_prep_kernel(const scalar_t* __restrict__ log_alpha, int64_t V,
+                      ColumnAlpha<scalar_t>* __restrict__ cols, double* __restrict__ Apart) {
+  prep_alpha_slice(log_alpha, V, blockIdx.y, blockIdx.x, gridDim.x, cols, Apart);
 }
 
 __device__ __forceinline__ double alpha_total(const double* __restrict__ Apart, int k,

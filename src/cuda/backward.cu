@@ -13,22 +13,27 @@ namespace {
 
 constexpr int kComponentBlockBwd = 4;  // components per pass in the backward
 
-// The row weights, their sums S_k and grad_la = column partials - a S, from
-// the row totals N (Npart: parts per row) and the column partials Cpart of
-// row_tiles tiles; w and S are (B, K) and (K) doubles of scratch memory.
+// Bytes of scratch memory for launch_column_finish's row-weight partials.
+inline int64_t weight_partial_bytes(int64_t B, int K, int64_t parts) {
+  return row_weights_blocks(B, parts) * K * static_cast<int64_t>(sizeof(double));
+}
+
+// grad_la = column partials - a S from the row totals N (Npart: parts per
+// row) and the column partials Cpart of row_tiles tiles; Wpart:
+// weight_partial_bytes of scratch memory.
 template <typename scalar_t>
 void launch_column_finish(const scalar_t* g, const double* Npart, int64_t parts,
                           const double* Cpart, int64_t row_tiles, const PreparedAlpha<scalar_t>& pa,
-                          int64_t B, int64_t V, int K, double* w, double* S, scalar_t* grad_la,
+                          int64_t B, int64_t V, int K, double* Wpart, scalar_t* grad_la,
                           cudaStream_t stream) {
-  row_weights_kernel<scalar_t><<<row_weights_blocks(B, K, parts), 256, 0, stream>>>(
-      g, Npart, parts, pa.Apart, pa.nblk, B, K, w);
-  DM_CUDA_CHECK_LAUNCH();
-  sum_weights_kernel<<<K, kFinishThreads, 0, stream>>>(w, pa.Apart, pa.nblk, B, K, S);
+  const int64_t wblocks = row_weights_blocks(B, parts);
+  row_weights_kernel<scalar_t><<<dim3(static_cast<unsigned>(wblocks), static_cast<unsigned>(K)),
+                                 kWeightThreads, 0, stream>>>(g, Npart, parts, pa.Apart, pa.nblk,
+                                                              B, K, Wpart);
   DM_CUDA_CHECK_LAUNCH();
   const dim3 fgrid(static_cast<unsigned>(ceil_div(V, 32)), static_cast<unsigned>(K));
-  column_finish_kernel<scalar_t><<<fgrid, kFinishThreads, 0, stream>>>(Cpart, S, pa.cols, V, K,
-                                                                       row_tiles, grad_la);
+  column_finish_kernel<scalar_t><<<fgrid, kFinishThreads, 0, stream>>>(
+      Cpart, Wpart, wblocks, pa.Apart, pa.nblk, pa.cols, V, K, row_tiles, grad_la);
   DM_CUDA_CHECK_LAUNCH();
 }
 
@@ -44,19 +49,21 @@ void launch_backward_columns(const Tensor& grad, const Tensor& counts, const Ten
   const int64_t parts = tiling.col_chunks * kColWarps;
   ScratchLayout layout;
   const int64_t alpha_at = layout.add(prepared_alpha_bytes<scalar_t>(K, V));
-  const int64_t table_at = layout.add(kTable ? table_bytes(V) : 0);
+  const int64_t table_at = layout.add(kTable ? table_bytes(V, TableLayout::kChunkSlots) : 0);
   const int64_t c_at = layout.add(tiling.row_tiles * K * V * static_cast<int64_t>(sizeof(double)));
   const int64_t n_at = layout.add(B * parts * static_cast<int64_t>(sizeof(double)));
-  const int64_t w_at = layout.add(B * K * static_cast<int64_t>(sizeof(double)));
-  const int64_t s_at = layout.add(K * static_cast<int64_t>(sizeof(double)));
+  const int64_t w_at = layout.add(weight_partial_bytes(B, K, parts));
   const Tensor ws = workspace(counts, layout.size());
-  const PreparedAlpha<scalar_t> pa =
-      prepare_alpha<scalar_t>(log_alpha, K, V, ScratchLayout::at<char>(ws, alpha_at), stream);
-  float* table = nullptr;
-  if constexpr (kTable) {
-    table = ScratchLayout::at<float>(ws, table_at);
-    build_table(pa.cols, V, false, TableKind::kAlphaDPoch, table, stream);
-  }
+  void* alpha_dst = ScratchLayout::at<char>(ws, alpha_at);
+  float* table = kTable ? ScratchLayout::at<float>(ws, table_at) : nullptr;
+  const PreparedAlpha<scalar_t> pa = [&] {
+    if constexpr (kTable) {
+      return prepare_alpha_and_table(log_alpha, 1, V, alpha_dst, TableKind::kAlphaDPoch,
+                                     TableLayout::kChunkSlots, false, table, stream);
+    } else {
+      return prepare_alpha<scalar_t>(log_alpha, K, V, alpha_dst, stream);
+    }
+  }();
   auto* Cpart = ScratchLayout::at<double>(ws, c_at);
   auto* Npart = ScratchLayout::at<double>(ws, n_at);
   const auto* n = static_cast<const count_t*>(counts.const_data_ptr());
@@ -68,8 +75,7 @@ void launch_backward_columns(const Tensor& grad, const Tensor& counts, const Ten
                                                Cpart, Npart);
   DM_CUDA_CHECK_LAUNCH();
   launch_column_finish<scalar_t>(g, Npart, parts, Cpart, tiling.row_tiles, pa, B, V, K,
-                                 ScratchLayout::at<double>(ws, w_at),
-                                 ScratchLayout::at<double>(ws, s_at), grad_la, stream);
+                                 ScratchLayout::at<double>(ws, w_at), grad_la, stream);
 }
 
 // grad_la (K, V) for K float32 components over many rows, with the
@@ -90,16 +96,15 @@ void launch_components_backward_table(const Tensor& grad, const Tensor& counts,
   const int64_t row_tiles = ceil_div(B, rows_per_tile);
   ScratchLayout layout;
   const int64_t alpha_at = layout.add(prepared_alpha_bytes<float>(K, V));
-  const int64_t table_at = layout.add(table_bytes(K * V));
+  const int64_t table_at = layout.add(table_bytes(K * V, TableLayout::kColumns));
   const int64_t c_at = layout.add(row_tiles * K * V * static_cast<int64_t>(sizeof(double)));
   const int64_t n_at = layout.add(B * static_cast<int64_t>(sizeof(double)));
-  const int64_t w_at = layout.add(B * K * static_cast<int64_t>(sizeof(double)));
-  const int64_t s_at = layout.add(K * static_cast<int64_t>(sizeof(double)));
+  const int64_t w_at = layout.add(weight_partial_bytes(B, K, 1));
   const Tensor ws = workspace(counts, layout.size());
-  const PreparedAlpha<float> pa =
-      prepare_alpha<float>(log_alpha, K, V, ScratchLayout::at<char>(ws, alpha_at), stream);
   float* table = ScratchLayout::at<float>(ws, table_at);
-  build_table(pa.cols, K * V, false, TableKind::kAlphaDPoch, table, stream);
+  const PreparedAlpha<float> pa = prepare_alpha_and_table(
+      log_alpha, K, V, ScratchLayout::at<char>(ws, alpha_at), TableKind::kAlphaDPoch,
+      TableLayout::kColumns, false, table, stream);
   auto* Cpart = ScratchLayout::at<double>(ws, c_at);
   auto* N = ScratchLayout::at<double>(ws, n_at);
   const auto* n = static_cast<const count_t*>(counts.const_data_ptr());
@@ -113,8 +118,7 @@ void launch_components_backward_table(const Tensor& grad, const Tensor& counts,
   row_count_totals_kernel<count_t><<<ceil_div(B, 8), 256, 0, stream>>>(n, B, V, aligned, N);
   DM_CUDA_CHECK_LAUNCH();
   launch_column_finish<float>(g, N, 1, Cpart, row_tiles, pa, B, V, K,
-                              ScratchLayout::at<double>(ws, w_at),
-                              ScratchLayout::at<double>(ws, s_at), grad_la, stream);
+                              ScratchLayout::at<double>(ws, w_at), grad_la, stream);
 }
 
 template <typename scalar_t, typename count_t>

@@ -7,7 +7,7 @@
 //   thread keeps its 4 columns' alpha and sums in registers down the rows
 //   (column sums need no cross-thread traffic); each warp writes its part of
 //   the row totals N_b, summed in a fixed order by row_weights_kernel.
-// row_weights_kernel: w[b,k] = G[b,k] dpoch(A_k, N_b).
+// row_weights_kernel: w[b,k] = G[b,k] dpoch(A_k, N_b), summed per block.
 // column_finish_kernel: S_k = sum_b w[b,k]; grad = sum_tiles C - a S.
 // Every reduction has a shape-determined order: bitwise reproducible.
 //
@@ -27,7 +27,6 @@ constexpr int kColThreads = 256;
 constexpr int kColsPerBlock = 4 * kColThreads;
 constexpr int kColWarps = kColThreads / 32;
 constexpr int kRowBatch = 8;  // rows whose loads are in flight together
-constexpr int kMaxExactCount1 = kMaxExactCount + 1;  // lookup-table width
 
 struct ColumnTiling {
   int64_t col_chunks;
@@ -72,14 +71,7 @@ __global__ void __launch_bounds__(kColThreads, kTable ? 3 : 1)
   extern __shared__ float adp_tab[];
   if constexpr (kTable) {
     static_assert(kColsPerBlock == kTableChunk, "the table slot layout is per 1024 columns");
-    const int cols_here = static_cast<int>(min(V - chunk0, static_cast<int64_t>(kColsPerBlock)));
-    for (int i = t; i < cols_here * kMaxExactCount1; i += blockDim.x) {
-      const int v = i / kMaxExactCount1;
-      adp_tab[table_slot(v, i - v * kMaxExactCount1)] = adp_table[chunk0 * kMaxExactCount1 + i];
-    }
-    // Columns past V read as count 0: entry 0.
-    for (int v = cols_here + t; v < kColsPerBlock; v += blockDim.x) adp_tab[table_slot(v, 0)] = 0.0f;
-    __syncthreads();
+    stage_table_slice(adp_tab, adp_table, blockIdx.x);  // columns past V: entry 0 (= 0)
   }
 
   ColumnAlpha<scalar_t> col[KB][4];
@@ -190,66 +182,68 @@ __global__ void __launch_bounds__(kColThreads, kTable ? 3 : 1)
   }
 }
 
-// w[b, k] = G[b, k] * dpoch(A_k, N_b), N_b the sum of Npart[b, 0 .. parts)
-// in a fixed order: a thread per (b, k) for a few parts per row, a warp per
-// (b, k) (lanes splitting the parts, see warp_ordered_sum) for many.
+// Wpart[k, blk] = sum over the block's rows b of w[b, k] = G[b, k] dpoch(A_k,
+// N_b), N_b the sum of Npart[b, 0 .. parts) in a fixed order; grid
+// (row_weights_blocks, K). A thread per row for a few parts per row, a warp
+// per row (lanes splitting the parts, see warp_ordered_sum) for many. The
+// block's rows are summed in a fixed order, and column_finish_kernel sums
+// the block partials in order: S_k = sum_b w[b, k] without a launch of its
+// own, bitwise reproducible.
+constexpr int kWeightThreads = 256;
 constexpr int64_t kMaxPartsPerThread = 32;
 
-inline int64_t row_weights_blocks(int64_t B, int K, int64_t parts) {
-  return ceil_div(B * K, parts <= kMaxPartsPerThread ? 256 : 8);
+__host__ __device__ inline int64_t rows_per_weight_block(int64_t parts) {
+  return parts <= kMaxPartsPerThread ? kWeightThreads : kWeightThreads / 32;
+}
+
+inline int64_t row_weights_blocks(int64_t B, int64_t parts) {
+  return ceil_div(B, rows_per_weight_block(parts));
 }
 
 template <typename scalar_t>
-__global__ void __launch_bounds__(256)
+__global__ void __launch_bounds__(kWeightThreads)
     row_weights_kernel(const scalar_t* __restrict__ grad, const double* __restrict__ Npart,
                        int64_t parts, const double* __restrict__ Apart, int nblk_alpha,
-                       int64_t B, int K, double* __restrict__ w) {
+                       int64_t B, int K, double* __restrict__ Wpart) {
+  const int k = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const bool per_thread = parts <= kMaxPartsPerThread;
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * (per_thread ? 256 : 8) +
-                    (per_thread ? threadIdx.x : threadIdx.x >> 5);
-  if (i >= B * K) return;
-  const int64_t b = i / K;
-  const int k = static_cast<int>(i % K);
+  const int64_t b = static_cast<int64_t>(blockIdx.x) * rows_per_weight_block(parts) +
+                    (per_thread ? threadIdx.x : warp);
   double N = 0.0;
-  if (per_thread) {
-    for (int64_t p = 0; p < parts; ++p) N += Npart[b * parts + p];
-  } else {
-    N = warp_ordered_sum(Npart + b * parts, parts, 1);
-    if ((threadIdx.x & 31) != 0) return;
+  if (b < B) {
+    if (per_thread) {
+      for (int64_t p = 0; p < parts; ++p) N += Npart[b * parts + p];
+    } else {
+      N = warp_ordered_sum(Npart + b * parts, parts, 1);  // valid in lane 0
+    }
   }
-  const double A = alpha_total(Apart, k, nblk_alpha);
-  w[i] = static_cast<double>(grad[i]) * dpoch<double>(A, N) + (N == N ? 0.0 : NAN);
+  double w = 0.0;
+  if (b < B && (per_thread || lane == 0)) {
+    const double A = alpha_total(Apart, k, nblk_alpha);
+    w = static_cast<double>(grad[b * K + k]) * dpoch<double>(A, N) + (N == N ? 0.0 : NAN);
+  }
+  __shared__ double warp_w[kWeightThreads / 32];
+  w = warp_sum(w);
+  if (lane == 0) warp_w[warp] = w;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double total = 0.0;
+    for (int i = 0; i < kWeightThreads / 32; ++i) total += warp_w[i];
+    Wpart[static_cast<int64_t>(k) * gridDim.x + blockIdx.x] = total;
+  }
 }
 
 constexpr int kFinishThreads = 256;
 
-// S[k] = sum_b w[b, k], in a fixed order; grid (K), a block each. A
-// non-finite concentration anywhere in the component poisons S[k].
-__global__ void __launch_bounds__(kFinishThreads)
-    sum_weights_kernel(const double* __restrict__ w, const double* __restrict__ Apart,
-                       int nblk_alpha, int64_t B, int K, double* __restrict__ S) {
-  const int k = blockIdx.x;
-  __shared__ double warp_sums[kFinishThreads / 32];
-  double s = 0.0;
-#pragma unroll 8
-  for (int64_t b = threadIdx.x; b < B; b += blockDim.x) s += w[b * K + k];
-  s = warp_sum(s);
-  if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x >> 5] = s;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    double total = 0.0;
-    for (int i = 0; i < kFinishThreads / 32; ++i) total += warp_sums[i];
-    const double A = alpha_total(Apart, k, nblk_alpha);
-    S[k] = A == A ? total : NAN;
-  }
-}
-
 // grid (ceil(V / 32), K), 8 warps: grad[k, v] = sum_tiles Cpart[tile, k, v]
-// - a_kv S[k]. Lane l owns column v = 32 blockIdx.x + l; warp w sums tiles
-// w, w + 8, ...; the 8 warp sums are added in order.
+// - a_kv S_k, S_k the ordered sum of Wpart[k, 0 .. wblocks) (NaN when a
+// concentration of component k is not finite). Lane l owns column v = 32
+// blockIdx.x + l; warp w sums tiles w, w + 8, ...; the 8 warp sums are added
+// in order.
 template <typename scalar_t>
 __global__ void __launch_bounds__(kFinishThreads)
-    column_finish_kernel(const double* __restrict__ Cpart, const double* __restrict__ S,
+    column_finish_kernel(const double* __restrict__ Cpart, const double* __restrict__ Wpart,
+                         int64_t wblocks, const double* __restrict__ Apart, int nblk_alpha,
                          const ColumnAlpha<scalar_t>* __restrict__ cols, int64_t V, int K,
                          int64_t row_tiles, scalar_t* __restrict__ grad_la) {
   const int k = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -264,11 +258,17 @@ __global__ void __launch_bounds__(kFinishThreads)
   }
   sums[warp][lane] = c;
   __syncthreads();
-  if (warp == 0 && v < V) {
-    double total = 0.0;
+  if (warp == 0) {
+    double S = warp_ordered_sum(Wpart + static_cast<int64_t>(k) * wblocks, wblocks, 1);
+    S = __shfl_sync(0xffffffffu, S, 0);
+    const double A = alpha_total(Apart, k, nblk_alpha);
+    if (A != A) S = NAN;
+    if (v < V) {
+      double total = 0.0;
 #pragma unroll
-    for (int i = 0; i < kFinishThreads / 32; ++i) total += sums[i][lane];
-    grad_la[k * V + v] = static_cast<scalar_t>(total - static_cast<double>(cols[k * V + v].a) * S[k]);
+      for (int i = 0; i < kFinishThreads / 32; ++i) total += sums[i][lane];
+      grad_la[k * V + v] = static_cast<scalar_t>(total - static_cast<double>(cols[k * V + v].a) * S);
+    }
   }
 }
 

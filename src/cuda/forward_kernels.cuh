@@ -125,9 +125,17 @@ __global__ void __launch_bounds__(kRowWarps * 32)
   const count_t* row = counts + b * V;
   const scalar_t* lrow = log_alpha + b * V;
 
+  // Counts that need the slow math (off the exact path, or a float32 result
+  // that cancels and is redone in float64) are deferred: each lane marks
+  // them, and after every 8 loads the lanes take their own marked counts
+  // together. Evaluated in place, a warp paid the slow path at nearly every
+  // position where any of its 32 lanes needed it.
+  constexpr int kGroup = 8;  // loads per deferral group: 4 * kGroup bits
   double acc = 0.0, N = 0.0, norm = 0.0, A = 0.0;
   bool ok = true;
-  for (int64_t v = v_begin + 4 * lane; v < v_end; v += 128) {
+  unsigned slow = 0;  // bit 4 (load % kGroup) + j
+  int it = 0;
+  for (int64_t v = v_begin + 4 * lane; v < v_end; v += 128, ++it) {
     scalar_t n[4], la[4];
     double exact[4], unused[4];
     load_counts<scalar_t, count_t>(row, v, v_end, aligned, n, exact);
@@ -142,7 +150,26 @@ __global__ void __launch_bounds__(kRowWarps * 32)
       ok = ok && is_valid_count(n[j]);
       N += exact[j];
       if (normalize) norm -= static_cast<double>(log_factorial(n[j]));
-      acc += static_cast<double>(lnpoch(a, la[j], n[j]));
+      if (is_exact_count(n[j])) {
+        const int m = static_cast<int>(n[j]);
+        const scalar_t r = lnpoch_exact(exact_factors(a), la[j], m);
+        if (!lnpoch_exact_cancels(la[j], m, r)) {
+          acc += static_cast<double>(r);
+          continue;
+        }
+      }
+      if (is_valid_count(n[j])) slow |= 1u << (4 * (it % kGroup) + j);
+    }
+    if (it % kGroup == kGroup - 1 || v + 128 >= v_end) {
+      const int64_t group_v = v - 128 * (it % kGroup);
+#pragma unroll 1
+      while (slow != 0) {
+        const int e = __ffs(static_cast<int>(slow)) - 1;
+        slow &= slow - 1;
+        const int64_t vv = group_v + 128 * (e >> 2) + (e & 3);
+        const scalar_t x = static_cast<scalar_t>(row[vv]), l = lrow[vv];
+        acc += static_cast<double>(lnpoch(dm_exp(l), l, x));
+      }
     }
   }
   acc = warp_sum(acc);

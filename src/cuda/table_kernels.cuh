@@ -2,11 +2,14 @@
 //
 // Counts are mostly small integers, and with alpha shared by every row the
 // terms lnpoch(alpha_v, n) and alpha_v dpoch(alpha_v, n) take only
-// kTableWidth values per column. build_tables_kernel evaluates them once per
-// call (with the full-accuracy math), and the count kernels replace the
-// per-element products and logs by a shared-memory lookup, which keeps them
-// memory-bound. Counts that are not small integers take the math path.
+// kTableWidth values per column. prep_and_table_kernel evaluates them once
+// per call (with the full-accuracy math, in the launch that prepares alpha),
+// and the count kernels replace the per-element products and logs by a
+// shared-memory lookup, which keeps them memory-bound. Counts that are not
+// small integers take the math path.
 #pragma once
+
+#include <cuda_pipeline.h>
 
 #include "alpha_prep.cuh"
 #include "cuda_utils.cuh"
@@ -23,25 +26,6 @@ constexpr size_t kTableSmemBytes = kTableChunk * kTableWidth * sizeof(float);
 // A lane's unrolled loads (or two halves of them) cover a whole chunk, so
 // every column a lane touches is inside the chunk's table slice.
 static_assert(kTableUnroll * 128 == kTableChunk, "a warp's unrolled loads span one chunk");
-
-// lnp[v * W + n] = lnpoch(a_v, n) [- log n! when normalized];
-// adp[v * W + n] = a_v dpoch(a_v, n). One thread per entry.
-template <typename scalar_t>  // float: the tables are float32
-__global__ void build_tables_kernel(const ColumnAlpha<scalar_t>* __restrict__ cols, int64_t V,
-                                    bool normalize, scalar_t* __restrict__ lnp,
-                                    scalar_t* __restrict__ adp) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= V * kTableWidth) return;
-  const int64_t v = i / kTableWidth;
-  const scalar_t n = static_cast<scalar_t>(i % kTableWidth);
-  const ColumnAlpha<scalar_t> c = cols[v];
-  if (lnp != nullptr) {
-    scalar_t l = lnpoch(c.factors(), c.a, c.log_a, n);
-    if (normalize) l -= log_factorial(n);
-    lnp[i] = l;
-  }
-  if (adp != nullptr) adp[i] = adpoch(c.factors(), c.a, n);
-}
 
 // Rows from which the tables pay for themselves: an entry costs about one
 // direct evaluation, and is used by about B / kTableWidth rows.
@@ -88,20 +72,102 @@ int64_t one_wave_blocks(int threads, size_t bytes) {
 
 enum class TableKind { kLogPoch, kAlphaDPoch };
 
-// Bytes of a (V, kTableWidth) float table.
-inline int64_t table_bytes(int64_t V) {
-  return V * kTableWidth * static_cast<int64_t>(sizeof(float));
+// kChunkSlots (shared alpha): per chunk of kTableChunk columns, the
+// kChunkFloats entries in their shared-memory order (table_slot), columns
+// past the end 0, so a block stages its slice with straight 16-byte copies.
+// kColumns (components): entry (column, n) at column * kTableWidth + n.
+enum class TableLayout { kChunkSlots, kColumns };
+
+constexpr int kChunkFloats = kTableChunk * kTableWidth;
+
+inline int64_t table_entries(int64_t columns, TableLayout layout) {
+  return layout == TableLayout::kChunkSlots ? ceil_div(columns, kTableChunk) * kChunkFloats
+                                            : columns * kTableWidth;
 }
 
-// Fills `table` (table_bytes(V) of scratch memory) with lnpoch (normalized
-// or not) or alpha * dpoch of every column, for n = 0 .. kMaxExactCount.
-inline void build_table(const ColumnAlpha<float>* cols, int64_t V, bool normalize, TableKind kind,
-                        float* table, cudaStream_t stream) {
-  const int64_t entries = V * kTableWidth;
-  build_tables_kernel<float><<<ceil_div(entries, 256), 256, 0, stream>>>(
-      cols, V, normalize, kind == TableKind::kLogPoch ? table : nullptr,
-      kind == TableKind::kAlphaDPoch ? table : nullptr);
+inline int64_t table_bytes(int64_t columns, TableLayout layout) {
+  return table_entries(columns, layout) * static_cast<int64_t>(sizeof(float));
+}
+
+// One launch for both: blocks [0, K nblk) prepare alpha (prep_alpha_slice),
+// the rest fill the table of the K * V columns, a thread per entry: lnpoch
+// (minus log n! when normalized) or alpha dpoch, from the same ColumnAlpha
+// values the preparing blocks compute.
+template <typename scalar_t>  // float: the tables are float32
+__global__ void __launch_bounds__(kPrepThreads)
+    prep_and_table_kernel(const float* __restrict__ log_alpha, int64_t V, int K, int nblk,
+                          ColumnAlpha<float>* __restrict__ cols, double* __restrict__ Apart,
+                          TableKind kind, TableLayout layout, bool normalize,
+                          float* __restrict__ table, int64_t entries) {
+  const int64_t prep_blocks_total = static_cast<int64_t>(nblk) * K;
+  if (blockIdx.x < prep_blocks_total) {
+    prep_alpha_slice<float>(log_alpha, V, static_cast<int>(blockIdx.x / nblk),
+                            static_cast<int>(blockIdx.x % nblk), nblk, cols, Apart);
+    return;
+  }
+  const int64_t i = (blockIdx.x - prep_blocks_total) * kPrepThreads + threadIdx.x;
+  if (i >= entries) return;
+  int64_t column;
+  int n;
+  if (layout == TableLayout::kChunkSlots) {
+    const int64_t chunk = i / kChunkFloats;
+    const int r = static_cast<int>(i - chunk * kChunkFloats);
+    n = r / kTableChunk;
+    const int p = r - n * kTableChunk;  // p = table_slot's (v % 4) * (chunk / 4) + v / 4
+    column = chunk * kTableChunk + (p % (kTableChunk / 4)) * 4 + p / (kTableChunk / 4);
+  } else {
+    column = i / kTableWidth;
+    n = static_cast<int>(i - column * kTableWidth);
+  }
+  float value = 0.0f;
+  if (column < K * V) {
+    const float la = log_alpha[column];
+    const float a = dm_exp(la);
+    const ExactFactors<float> f = exact_factors(a);
+    const ColumnAlpha<float> c{a, la, f.base, f.step};
+    const float x = static_cast<float>(n);
+    if (kind == TableKind::kLogPoch) {
+      value = lnpoch(c.factors(), c.a, c.log_a, x);
+      if (normalize) value -= log_factorial(x);
+    } else {
+      value = adpoch(c.factors(), c.a, x);
+    }
+  }
+  table[i] = value;
+}
+
+// Prepares (K, V) float alpha into alpha_dst (prepared_alpha_bytes) and
+// fills `table` (table_bytes(K * V, layout)), in one launch.
+inline PreparedAlpha<float> prepare_alpha_and_table(const torch::stable::Tensor& log_alpha, int K,
+                                                    int64_t V, void* alpha_dst, TableKind kind,
+                                                    TableLayout layout, bool normalize,
+                                                    float* table, cudaStream_t stream) {
+  const int nblk = prep_blocks(V);
+  auto* cols = static_cast<ColumnAlpha<float>*>(alpha_dst);
+  auto* Apart = reinterpret_cast<double*>(cols + K * V);
+  const int64_t entries = table_entries(K * V, layout);
+  const int64_t blocks = static_cast<int64_t>(nblk) * K + ceil_div(entries, kPrepThreads);
+  prep_and_table_kernel<float><<<blocks, kPrepThreads, 0, stream>>>(
+      static_cast<const float*>(log_alpha.const_data_ptr()), V, K, nblk, cols, Apart, kind, layout,
+      normalize, table, entries);
   DM_CUDA_CHECK_LAUNCH();
+  return {cols, Apart, nblk};
+}
+
+// Copies chunk c's slice of a kChunkSlots table into shared memory: 16-byte
+// asynchronous copies, all in flight at once (a load-then-store loop waits
+// for the L2 once per iteration: tens of microseconds per kernel).
+__device__ __forceinline__ void stage_table_slice(float* __restrict__ tab,
+                                                  const float* __restrict__ table, int64_t c) {
+  static_assert(kChunkFloats % 4 == 0, "a slice is whole 16-byte vectors");
+  const float4* src = reinterpret_cast<const float4*>(table + c * kChunkFloats);
+  float4* dst = reinterpret_cast<float4*>(tab);
+  for (int i = threadIdx.x; i < kChunkFloats / 4; i += blockDim.x) {
+    __pipeline_memcpy_async(dst + i, src + i, sizeof(float4));
+  }
+  __pipeline_commit();
+  __pipeline_wait_prior(0);
+  __syncthreads();
 }
 
 __device__ __forceinline__ bool table_index(float n, int& idx) {  // n in the table?
@@ -141,13 +207,7 @@ __global__ void __launch_bounds__(kRowWarps * 32, 3)  // 3 blocks: as many as th
   const int64_t c = blockIdx.x;
   const int64_t v0 = c * kTableChunk;
   const int len = static_cast<int>(min(V - v0, static_cast<int64_t>(kTableChunk)));
-  for (int i = threadIdx.x; i < len * kTableWidth; i += blockDim.x) {
-    const int v = i / kTableWidth;
-    tab[table_slot(v, i - v * kTableWidth)] = table[v0 * kTableWidth + i];
-  }
-  // Columns past the end of a short last chunk read as count 0: entry 0.
-  for (int v = len + threadIdx.x; v < kTableChunk; v += blockDim.x) tab[table_slot(v, 0)] = 0.0f;
-  __syncthreads();
+  stage_table_slice(tab, table, c);  // columns past V read as count 0: entry 0 (= 0)
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const double A = alpha_total(Apart, 0, nblk_alpha);
