@@ -31,7 +31,8 @@ void launch_column_finish(const scalar_t* g, const double* Npart, int64_t parts,
                                  kWeightThreads, 0, stream>>>(g, Npart, parts, pa.Apart, pa.nblk,
                                                               B, K, Wpart);
   DM_CUDA_CHECK_LAUNCH();
-  const dim3 fgrid(static_cast<unsigned>(ceil_div(V, 32)), static_cast<unsigned>(K));
+  const dim3 fgrid(static_cast<unsigned>(ceil_div(V, finish_columns_per_block(row_tiles))),
+                   static_cast<unsigned>(K));
   column_finish_kernel<scalar_t><<<fgrid, kFinishThreads, 0, stream>>>(
       Cpart, Wpart, wblocks, pa.Apart, pa.nblk, pa.cols, V, K, row_tiles, grad_la);
   DM_CUDA_CHECK_LAUNCH();

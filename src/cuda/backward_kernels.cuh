@@ -122,11 +122,8 @@ __global__ void __launch_bounds__(kColThreads, kTable ? 3 : 1)
           const bool hit = table_index(n[i][j], idx);
           idx = hit ? idx : 0;
           table_n += idx;
+          rare |= hit ? 0u : 1u << (4 * i + j);
           acc_batch[j] = fmaf(g, tq[idx * kTableChunk + j * (kTableChunk / 4)], acc_batch[j]);
-          if (!hit) {  // exactly, from memory (double counts are not exact in float)
-            rare |= 1u << (4 * i + j);
-            other_n += is_valid_count(n[i][j]) ? static_cast<double>(base[b * V + j]) : NAN;
-          }
         }
       } else {
         double g[KB];
@@ -147,7 +144,22 @@ __global__ void __launch_bounds__(kColThreads, kTable ? 3 : 1)
       }
       if (row_totals && b0 + i < b_end) {
         double total = static_cast<double>(__reduce_add_sync(0xffffffffu, table_n));
-        if (__any_sync(0xffffffffu, !(other_n == 0.0))) total += warp_sum(other_n);
+        if constexpr (kTable) {
+          // A warp-uniform branch, rarely taken: the row's counts off the
+          // table, exactly, from memory (float64 counts are not exact in float).
+          const unsigned row_rare = (rare >> (4 * i)) & 0xFu;
+          if (__any_sync(0xffffffffu, row_rare != 0)) {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+              if ((row_rare >> j) & 1u) {
+                other_n += is_valid_count(n[i][j]) ? static_cast<double>(base[b * V + j]) : NAN;
+              }
+            }
+            total += warp_sum(other_n);
+          }
+        } else {
+          if (__any_sync(0xffffffffu, !(other_n == 0.0))) total += warp_sum(other_n);
+        }
         if (lane == 0) Npart[b * n_parts + blockIdx.x * kColWarps + warp] = total;
       }
     }
@@ -193,11 +205,25 @@ constexpr int kWeightThreads = 256;
 constexpr int64_t kMaxPartsPerThread = 32;
 
 __host__ __device__ inline int64_t rows_per_weight_block(int64_t parts) {
-  return parts <= kMaxPartsPerThread ? kWeightThreads : kWeightThreads / 32;
+  return parts <= kMaxPartsPerThread ? kWeightThreads : 1;
 }
 
 inline int64_t row_weights_blocks(int64_t B, int64_t parts) {
   return ceil_div(B, rows_per_weight_block(parts));
+}
+
+// The sum of x over the block's threads, in a fixed order; valid in thread 0.
+__device__ __forceinline__ double block_sum(double x, double* __restrict__ warp_sums) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  x = warp_sum(x);
+  __syncthreads();  // warp_sums may still be read from a previous call
+  if (lane == 0) warp_sums[warp] = x;
+  __syncthreads();
+  double total = 0.0;
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < static_cast<int>(blockDim.x >> 5); ++i) total += warp_sums[i];
+  }
+  return total;
 }
 
 template <typename scalar_t>
@@ -205,41 +231,46 @@ __global__ void __launch_bounds__(kWeightThreads)
     row_weights_kernel(const scalar_t* __restrict__ grad, const double* __restrict__ Npart,
                        int64_t parts, const double* __restrict__ Apart, int nblk_alpha,
                        int64_t B, int K, double* __restrict__ Wpart) {
-  const int k = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __shared__ double warp_sums[kWeightThreads / 32];
+  const int k = blockIdx.y;
   const bool per_thread = parts <= kMaxPartsPerThread;
-  const int64_t b = static_cast<int64_t>(blockIdx.x) * rows_per_weight_block(parts) +
-                    (per_thread ? threadIdx.x : warp);
+  // A thread per row (few parts), or a block per row (its threads split the parts).
+  const int64_t b = per_thread ? static_cast<int64_t>(blockIdx.x) * kWeightThreads + threadIdx.x
+                               : static_cast<int64_t>(blockIdx.x);
   double N = 0.0;
-  if (b < B) {
-    if (per_thread) {
+  bool mine = b < B;
+  if (per_thread) {
+    if (mine) {
       for (int64_t p = 0; p < parts; ++p) N += Npart[b * parts + p];
-    } else {
-      N = warp_ordered_sum(Npart + b * parts, parts, 1);  // valid in lane 0
     }
+  } else {
+    double part = 0.0;
+    for (int64_t p = threadIdx.x; p < parts; p += kWeightThreads) part += Npart[b * parts + p];
+    N = block_sum(part, warp_sums);
+    mine = threadIdx.x == 0;
   }
   double w = 0.0;
-  if (b < B && (per_thread || lane == 0)) {
+  if (mine) {
     const double A = alpha_total(Apart, k, nblk_alpha);
     w = static_cast<double>(grad[b * K + k]) * dpoch<double>(A, N) + (N == N ? 0.0 : NAN);
   }
-  __shared__ double warp_w[kWeightThreads / 32];
-  w = warp_sum(w);
-  if (lane == 0) warp_w[warp] = w;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    double total = 0.0;
-    for (int i = 0; i < kWeightThreads / 32; ++i) total += warp_w[i];
-    Wpart[static_cast<int64_t>(k) * gridDim.x + blockIdx.x] = total;
-  }
+  w = block_sum(w, warp_sums);
+  if (threadIdx.x == 0) Wpart[static_cast<int64_t>(k) * gridDim.x + blockIdx.x] = w;
 }
 
 constexpr int kFinishThreads = 256;
 
-// grid (ceil(V / 32), K), 8 warps: grad[k, v] = sum_tiles Cpart[tile, k, v]
-// - a_kv S_k, S_k the ordered sum of Wpart[k, 0 .. wblocks) (NaN when a
-// concentration of component k is not finite). Lane l owns column v = 32
-// blockIdx.x + l; warp w sums tiles w, w + 8, ...; the 8 warp sums are added
-// in order.
+// Columns per column_finish_kernel block: a thread per column when there are
+// few row tiles, else 32 columns whose tiles the 8 warps split.
+__host__ __device__ inline int64_t finish_columns_per_block(int64_t row_tiles) {
+  return row_tiles < kFinishThreads / 32 ? kFinishThreads : 32;
+}
+
+// grid (ceil(V / finish_columns_per_block), K): grad[k, v] = sum_tiles
+// Cpart[tile, k, v] - a_kv S_k, S_k the ordered sum of Wpart[k, 0 ..
+// wblocks) (NaN when a concentration of component k is not finite). With
+// 32 columns per block, lane l owns column 32 blockIdx.x + l, warp w sums
+// tiles w, w + 8, ..., and the 8 warp sums are added in order.
 template <typename scalar_t>
 __global__ void __launch_bounds__(kFinishThreads)
     column_finish_kernel(const double* __restrict__ Cpart, const double* __restrict__ Wpart,
@@ -247,8 +278,28 @@ __global__ void __launch_bounds__(kFinishThreads)
                          const ColumnAlpha<scalar_t>* __restrict__ cols, int64_t V, int K,
                          int64_t row_tiles, scalar_t* __restrict__ grad_la) {
   const int k = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t v = static_cast<int64_t>(blockIdx.x) * 32 + lane;
   __shared__ double sums[kFinishThreads / 32][32];
+  __shared__ double S_k;
+  if (warp == 0) {
+    const double S = warp_ordered_sum(Wpart + static_cast<int64_t>(k) * wblocks, wblocks, 1);
+    const double A = alpha_total(Apart, k, nblk_alpha);
+    if (lane == 0) S_k = A == A ? S : NAN;
+  }
+  const int64_t per_block = finish_columns_per_block(row_tiles);
+  if (per_block == kFinishThreads) {
+    const int64_t v = static_cast<int64_t>(blockIdx.x) * kFinishThreads + threadIdx.x;
+    double total = 0.0;
+    if (v < V) {
+      for (int64_t tile = 0; tile < row_tiles; ++tile) total += Cpart[(tile * K + k) * V + v];
+    }
+    __syncthreads();
+    if (v < V) {
+      grad_la[k * V + v] =
+          static_cast<scalar_t>(total - static_cast<double>(cols[k * V + v].a) * S_k);
+    }
+    return;
+  }
+  const int64_t v = static_cast<int64_t>(blockIdx.x) * 32 + lane;
   double c = 0.0;
   if (v < V) {
 #pragma unroll 4
@@ -258,17 +309,11 @@ __global__ void __launch_bounds__(kFinishThreads)
   }
   sums[warp][lane] = c;
   __syncthreads();
-  if (warp == 0) {
-    double S = warp_ordered_sum(Wpart + static_cast<int64_t>(k) * wblocks, wblocks, 1);
-    S = __shfl_sync(0xffffffffu, S, 0);
-    const double A = alpha_total(Apart, k, nblk_alpha);
-    if (A != A) S = NAN;
-    if (v < V) {
-      double total = 0.0;
+  if (warp == 0 && v < V) {
+    double total = 0.0;
 #pragma unroll
-      for (int i = 0; i < kFinishThreads / 32; ++i) total += sums[i][lane];
-      grad_la[k * V + v] = static_cast<scalar_t>(total - static_cast<double>(cols[k * V + v].a) * S);
-    }
+    for (int i = 0; i < kFinishThreads / 32; ++i) total += sums[i][lane];
+    grad_la[k * V + v] = static_cast<scalar_t>(total - static_cast<double>(cols[k * V + v].a) * S_k);
   }
 }
 

@@ -30,9 +30,8 @@ void launch_forward_rows(const Tensor& counts, const Tensor& log_alpha, int64_t 
       n, pa.cols, pa.Apart, pa.nblk, B, V, K, split, aligned, normalize, out, partial);
   DM_CUDA_CHECK_LAUNCH();
   if (split.num_chunks > 1) {
-    finish_rows_kernel<scalar_t><<<ceil_div(B * K, 8), 256, 0, stream>>>(
-        partial, pa.Apart, pa.nblk, B, K, split.num_chunks, false, normalize, out);
-    DM_CUDA_CHECK_LAUNCH();
+    launch_finish_rows<scalar_t>(partial, pa.Apart, pa.nblk, B, K, split.num_chunks, false,
+                                 normalize, out, stream);
   }
 }
 
@@ -54,9 +53,8 @@ void launch_forward_per_sample(const Tensor& counts, const Tensor& log_alpha, in
       n, la, B, V, split, aligned, normalize, out, partial);
   DM_CUDA_CHECK_LAUNCH();
   if (split.num_chunks > 1) {
-    finish_rows_kernel<scalar_t><<<ceil_div(B, 8), 256, 0, stream>>>(
-        partial, nullptr, 0, B, 1, split.num_chunks, true, normalize, out);
-    DM_CUDA_CHECK_LAUNCH();
+    launch_finish_rows<scalar_t>(partial, nullptr, 0, B, 1, split.num_chunks, true, normalize, out,
+                                 stream);
   }
 }
 
@@ -88,9 +86,8 @@ void launch_forward_table(const Tensor& counts, const Tensor& log_alpha, int64_t
       n, table, pa.cols, pa.Apart, pa.nblk, B, V, num_chunks, aligned, normalize, out, partial);
   DM_CUDA_CHECK_LAUNCH();
   if (num_chunks > 1) {
-    finish_rows_kernel<float><<<ceil_div(B, 8), 256, 0, stream>>>(
-        partial, pa.Apart, pa.nblk, B, 1, num_chunks, false, normalize, out);
-    DM_CUDA_CHECK_LAUNCH();
+    launch_finish_rows<float>(partial, pa.Apart, pa.nblk, B, 1, num_chunks, false, normalize, out,
+                              stream);
   }
 }
 

@@ -187,14 +187,24 @@ __global__ void __launch_bounds__(kRowWarps * 32)
   }
 }
 
-// Sums the chunk partials of each (row, component): one warp per pair, in a
-// fixed order. per_sample: A comes from the partials; else from Apart.
+// Sums the chunk partials of each (row, component) in a fixed order: a
+// thread per pair for a few chunks, a warp per pair (lanes splitting the
+// chunks, see warp_ordered_sum) for many. per_sample: A comes from the
+// partials; else from Apart.
+constexpr int64_t kMaxChunksPerThread = 32;
+
+__host__ __device__ inline int64_t finish_pairs_per_block(int64_t num_chunks) {
+  return num_chunks <= kMaxChunksPerThread ? 256 : 8;
+}
+
 template <typename scalar_t>
 __global__ void __launch_bounds__(256)
     finish_rows_kernel(const RowPartial* __restrict__ partial, const double* __restrict__ Apart,
                        int nblk_alpha, int64_t B, int K, int64_t num_chunks, bool per_sample,
                        bool normalize, scalar_t* __restrict__ out) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * 8 + (threadIdx.x >> 5);
+  const bool per_thread = num_chunks <= kMaxChunksPerThread;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * finish_pairs_per_block(num_chunks) +
+                    (per_thread ? threadIdx.x : threadIdx.x >> 5);
   if (i >= B * K) return;
   const int64_t b = i / K;
   const int k = static_cast<int>(i % K);
@@ -202,14 +212,33 @@ __global__ void __launch_bounds__(256)
   static_assert(sizeof(RowPartial) == 4 * sizeof(double), "RowPartial layout");
   const double* p = reinterpret_cast<const double*>(partial + b * num_chunks * K + k);
   const int64_t stride = 4 * static_cast<int64_t>(K);
-  const double s = warp_ordered_sum(p + 0, num_chunks, stride);
-  const double N = warp_ordered_sum(p + 1, num_chunks, stride);
-  const double norm = warp_ordered_sum(p + 2, num_chunks, stride);
-  double A = warp_ordered_sum(p + 3, num_chunks, stride);
-  if ((threadIdx.x & 31) == 0) {
-    if (!per_sample) A = alpha_total(Apart, k, nblk_alpha);
-    out[i] = static_cast<scalar_t>(finish_row(s, N, norm, A, normalize));
+  double s = 0.0, N = 0.0, norm = 0.0, A = 0.0;
+  if (per_thread) {
+    for (int64_t c = 0; c < num_chunks; ++c) {
+      s += p[c * stride];
+      N += p[c * stride + 1];
+      norm += p[c * stride + 2];
+      A += p[c * stride + 3];
+    }
+  } else {
+    s = warp_ordered_sum(p + 0, num_chunks, stride);
+    N = warp_ordered_sum(p + 1, num_chunks, stride);
+    norm = warp_ordered_sum(p + 2, num_chunks, stride);
+    A = warp_ordered_sum(p + 3, num_chunks, stride);
+    if ((threadIdx.x & 31) != 0) return;
   }
+  if (!per_sample) A = alpha_total(Apart, k, nblk_alpha);
+  out[i] = static_cast<scalar_t>(finish_row(s, N, norm, A, normalize));
+}
+
+template <typename scalar_t>
+void launch_finish_rows(const RowPartial* partial, const double* Apart, int nblk_alpha, int64_t B,
+                        int K, int64_t num_chunks, bool per_sample, bool normalize,
+                        scalar_t* out, cudaStream_t stream) {
+  finish_rows_kernel<scalar_t><<<ceil_div(B * K, finish_pairs_per_block(num_chunks)), 256, 0,
+                                 stream>>>(partial, Apart, nblk_alpha, B, K, num_chunks,
+                                           per_sample, normalize, out);
+  DM_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace cuda

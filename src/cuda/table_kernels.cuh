@@ -80,25 +80,31 @@ enum class TableLayout { kChunkSlots, kColumns };
 
 constexpr int kChunkFloats = kTableChunk * kTableWidth;
 
-inline int64_t table_entries(int64_t columns, TableLayout layout) {
-  return layout == TableLayout::kChunkSlots ? ceil_div(columns, kTableChunk) * kChunkFloats
-                                            : columns * kTableWidth;
+inline int64_t table_bytes(int64_t columns, TableLayout layout) {
+  const int64_t entries = layout == TableLayout::kChunkSlots
+                              ? ceil_div(columns, kTableChunk) * kChunkFloats
+                              : columns * kTableWidth;
+  return entries * static_cast<int64_t>(sizeof(float));
 }
 
-inline int64_t table_bytes(int64_t columns, TableLayout layout) {
-  return table_entries(columns, layout) * static_cast<int64_t>(sizeof(float));
+// Columns of the table, padded to whole chunks for kChunkSlots.
+inline int64_t table_columns(int64_t columns, TableLayout layout) {
+  return layout == TableLayout::kChunkSlots ? ceil_div(columns, kTableChunk) * kTableChunk
+                                            : columns;
 }
 
 // One launch for both: blocks [0, K nblk) prepare alpha (prep_alpha_slice),
-// the rest fill the table of the K * V columns, a thread per entry: lnpoch
-// (minus log n! when normalized) or alpha dpoch, from the same ColumnAlpha
-// values the preparing blocks compute.
+// the rest fill the table of the K * V columns, a thread per column, all
+// kTableWidth entries (exact_path_values): lnpoch (minus log n! when
+// normalized) or alpha dpoch, from the same ColumnAlpha values the
+// preparing blocks compute. For kChunkSlots, consecutive threads take
+// consecutive slots, so every store is coalesced.
 template <typename scalar_t>  // float: the tables are float32
 __global__ void __launch_bounds__(kPrepThreads)
     prep_and_table_kernel(const float* __restrict__ log_alpha, int64_t V, int K, int nblk,
                           ColumnAlpha<float>* __restrict__ cols, double* __restrict__ Apart,
                           TableKind kind, TableLayout layout, bool normalize,
-                          float* __restrict__ table, int64_t entries) {
+                          float* __restrict__ table, int64_t padded_columns) {
   const int64_t prep_blocks_total = static_cast<int64_t>(nblk) * K;
   if (blockIdx.x < prep_blocks_total) {
     prep_alpha_slice<float>(log_alpha, V, static_cast<int>(blockIdx.x / nblk),
@@ -106,34 +112,29 @@ __global__ void __launch_bounds__(kPrepThreads)
     return;
   }
   const int64_t i = (blockIdx.x - prep_blocks_total) * kPrepThreads + threadIdx.x;
-  if (i >= entries) return;
-  int64_t column;
-  int n;
+  if (i >= padded_columns) return;
+  int64_t column, first, stride;  // entry n of the column is table[first + n * stride]
   if (layout == TableLayout::kChunkSlots) {
-    const int64_t chunk = i / kChunkFloats;
-    const int r = static_cast<int>(i - chunk * kChunkFloats);
-    n = r / kTableChunk;
-    const int p = r - n * kTableChunk;  // p = table_slot's (v % 4) * (chunk / 4) + v / 4
+    const int64_t chunk = i / kTableChunk;
+    const int p = static_cast<int>(i - chunk * kTableChunk);  // = table_slot(v, 0) of column v
     column = chunk * kTableChunk + (p % (kTableChunk / 4)) * 4 + p / (kTableChunk / 4);
+    first = chunk * kChunkFloats + p;
+    stride = kTableChunk;
   } else {
-    column = i / kTableWidth;
-    n = static_cast<int>(i - column * kTableWidth);
+    column = i;
+    first = i * kTableWidth;
+    stride = 1;
   }
-  float value = 0.0f;
-  if (column < K * V) {
-    const float la = log_alpha[column];
-    const float a = dm_exp(la);
-    const ExactFactors<float> f = exact_factors(a);
-    const ColumnAlpha<float> c{a, la, f.base, f.step};
-    const float x = static_cast<float>(n);
-    if (kind == TableKind::kLogPoch) {
-      value = lnpoch(c.factors(), c.a, c.log_a, x);
-      if (normalize) value -= log_factorial(x);
-    } else {
-      value = adpoch(c.factors(), c.a, x);
-    }
+  float* dst = table + first;
+  if (column >= K * V) {  // padding: read as count 0 only
+#pragma unroll 1
+    for (int n = 0; n < kTableWidth; ++n) dst[n * stride] = 0.0f;
+    return;
   }
-  table[i] = value;
+  const float la = log_alpha[column];
+  const float a = dm_exp(la);
+  exact_path_values(exact_factors(a), a, la, kind == TableKind::kLogPoch, normalize,
+                    [&](int n, float value) { dst[n * stride] = value; });
 }
 
 // Prepares (K, V) float alpha into alpha_dst (prepared_alpha_bytes) and
@@ -145,11 +146,11 @@ inline PreparedAlpha<float> prepare_alpha_and_table(const torch::stable::Tensor&
   const int nblk = prep_blocks(V);
   auto* cols = static_cast<ColumnAlpha<float>*>(alpha_dst);
   auto* Apart = reinterpret_cast<double*>(cols + K * V);
-  const int64_t entries = table_entries(K * V, layout);
-  const int64_t blocks = static_cast<int64_t>(nblk) * K + ceil_div(entries, kPrepThreads);
+  const int64_t padded_columns = table_columns(K * V, layout);
+  const int64_t blocks = static_cast<int64_t>(nblk) * K + ceil_div(padded_columns, kPrepThreads);
   prep_and_table_kernel<float><<<blocks, kPrepThreads, 0, stream>>>(
       static_cast<const float*>(log_alpha.const_data_ptr()), V, K, nblk, cols, Apart, kind, layout,
-      normalize, table, entries);
+      normalize, table, padded_columns);
   DM_CUDA_CHECK_LAUNCH();
   return {cols, Apart, nblk};
 }
