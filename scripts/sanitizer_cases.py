@@ -31,6 +31,7 @@ if __name__ == "__main__":
     case(37, 256)                   # table path, chunk shorter than the table slice
     case(40, 1500)                  # table path, two chunks (the second ragged)
     case(36, 700, torch.int64)      # table path with 8-byte (float64) counts
+    case(52001, 37)                 # forward table kernel, two rows per warp
     case(5, 301)                    # scalar loads (V % 4 != 0)
     case(3, 9000)                   # split rows
     case(20, 64, torch.uint8)

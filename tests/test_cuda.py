@@ -119,3 +119,24 @@ def test_per_sample_deferred_slow_counts_match_float64():
     ref = log_lik_float64(counts, la, True)
     err = (out.double().cpu() - ref).abs() / ref.abs().clamp_min(1.0)
     assert err.max() < 2e-6
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.uint8])
+def test_two_rows_per_warp_forward_matches_float64(dtype):
+    # Enough rows per warp for the forward table kernel's two-rows-in-flight
+    # variant (launch_forward_table); an odd row count leaves a last pair
+    # with one row, V % 4 != 0 takes the scalar loads.
+    B, V = 52001, 37
+    counts = random_counts((B, V), torch.float32, "cpu", zero_frac=0.4)
+    if dtype == torch.float32:
+        counts[5, 3] = 40.5  # off the table
+        counts[7, 0] = float("nan")  # a bad count: that row only is NaN
+    counts = counts.to(dtype)
+    la = torch.empty(V).uniform_(-3, 4)
+    out = dirmult_ext.log_lik(counts.cuda(), la.cuda(), normalize=True).cpu()
+    ref = log_lik_float64(counts, la, True)
+    bad = torch.isnan(ref)
+    assert torch.equal(torch.isnan(out), bad)
+    assert int(bad.sum()) == (1 if dtype == torch.float32 else 0)
+    err = (out.double() - ref).abs() / ref.abs().clamp_min(1.0)
+    assert err[~bad].max() < 2e-6

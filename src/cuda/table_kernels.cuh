@@ -195,8 +195,11 @@ __device__ __forceinline__ int table_slot(int v, int n) {
 // marked rare; N sums the table indices as integers (one warp reduction
 // instruction per row) and the rare counts exactly, in float64. Validity
 // needs checking only for rare counts (every table index is a valid count).
-template <typename count_t>
-__global__ void __launch_bounds__(kRowWarps * 32, 3)  // 3 blocks: as many as the smem allows
+//
+// kRows rows per warp are in flight at once (their loads are all issued
+// before any is used): more bytes in flight per SM at fewer resident blocks.
+template <typename count_t, int kRows>
+__global__ void __launch_bounds__(kRowWarps * 32, kRows == 1 ? 3 : 2)
     forward_table_kernel(const count_t* __restrict__ counts, const float* __restrict__ table,
                          const ColumnAlpha<float>* __restrict__ cols,
                          const double* __restrict__ Apart, int nblk_alpha, int64_t B, int64_t V,
@@ -212,78 +215,94 @@ __global__ void __launch_bounds__(kRowWarps * 32, 3)  // 3 blocks: as many as th
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const double A = alpha_total(Apart, 0, nblk_alpha);
+  const int64_t stride = static_cast<int64_t>(gridDim.y) * kRowWarps;  // between a warp's rows
 
   // Row finished by this lane: the (i % 32)-th row of the warp's sequence.
   int64_t my_b = -1;
   double my_s = 0.0, my_N = 0.0, my_norm = 0.0;
   int i = 0;
-  for (int64_t b = static_cast<int64_t>(blockIdx.y) * kRowWarps + warp; b < B;
-       b += static_cast<int64_t>(gridDim.y) * kRowWarps, ++i) {
-    const count_t* row = counts + b * V + v0;
-    double s = 0.0, rare_N = 0.0, norm = 0.0;
-    int table_N = 0;  // at most kMaxExactCount per column: no overflow
-    bool ok = true;
+  for (int64_t b0 = static_cast<int64_t>(blockIdx.y) * kRowWarps + warp; b0 < B;
+       b0 += kRows * stride) {
+    double s[kRows], rare_N[kRows], norm[kRows];
+    int table_N[kRows];  // at most kMaxExactCount per column: no overflow
+    bool ok[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) s[r] = rare_N[r] = norm[r] = 0.0, table_N[r] = 0, ok[r] = true;
     for (int base = 4 * lane; base < len; base += 128 * kUnroll) {
-      float n[kUnroll][4];
+      float n[kRows][kUnroll][4];
       double unused[kUnroll][4];
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        load_counts<float, count_t>(row, base + 128 * u, len, aligned, n[u], unused[u]);
+      for (int r = 0; r < kRows; ++r) {
+        const count_t* row = counts + (b0 + r * stride) * V + v0;
+        const bool in = b0 + r * stride < B;
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          load_counts<float, count_t>(row, base + 128 * u, in ? len : 0, aligned, n[r][u], unused[u]);
+        }
       }
       // table_slot(base + 128 u + j, n) = n * kTableChunk + j * (kTableChunk / 4) + base / 4 + 32 u
       const float* tq = tab + (base >> 2);
-      unsigned rare = 0;  // counts off the table, bit 4 u + j
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        float part = 0.0f;  // at most 4 terms in float, then into the double sum
+      for (int r = 0; r < kRows; ++r) {
+        unsigned rare = 0;  // counts off the table, bit 4 u + j
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          int idx;
-          const bool hit = table_index(n[u][j], idx);
-          idx = hit ? idx : 0;
-          rare |= hit ? 0u : 1u << (4 * u + j);
-          table_N += idx;
-          part += tq[idx * kTableChunk + j * (kTableChunk / 4) + 32 * u];
+        for (int u = 0; u < kUnroll; ++u) {
+          float part = 0.0f;  // at most 4 terms in float, then into the double sum
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            int idx;
+            const bool hit = table_index(n[r][u][j], idx);
+            idx = hit ? idx : 0;
+            rare |= hit ? 0u : 1u << (4 * u + j);
+            table_N[r] += idx;
+            part += tq[idx * kTableChunk + j * (kTableChunk / 4) + 32 * u];
+          }
+          s[r] += static_cast<double>(part);
         }
-        s += static_cast<double>(part);
-      }
-      // Non-integer, large or bad counts take the math path: one copy of it,
-      // out of the unrolled loop, so that the hot loop's code stays small (a
-      // copy per unrolled element overflowed the instruction cache).
+        // Non-integer, large or bad counts take the math path: one copy of
+        // it, out of the unrolled loop, so that the hot loop's code stays
+        // small (a copy per unrolled element overflowed the instruction cache).
+        const count_t* row = counts + (b0 + r * stride) * V + v0;
 #pragma unroll 1
-      while (rare != 0) {
-        const int e = __ffs(static_cast<int>(rare)) - 1;
-        rare &= rare - 1;
-        const int v = base + 128 * (e >> 2) + (e & 3);
-        if (v >= len) continue;
-        const float x = static_cast<float>(row[v]);
-        if (!is_valid_count(x)) {
-          ok = false;
-          continue;
+        while (rare != 0) {
+          const int e = __ffs(static_cast<int>(rare)) - 1;
+          rare &= rare - 1;
+          const int v = base + 128 * (e >> 2) + (e & 3);
+          const float x = static_cast<float>(row[v]);
+          if (!is_valid_count(x)) {
+            ok[r] = false;
+            continue;
+          }
+          rare_N[r] += static_cast<double>(row[v]);
+          const ColumnAlpha<float> col = cols[v0 + v];
+          s[r] += static_cast<double>(lnpoch(col.factors(), col.a, col.log_a, x));
+          if (normalize) norm[r] -= static_cast<double>(log_factorial(x));
         }
-        rare_N += static_cast<double>(row[v]);
-        const ColumnAlpha<float> col = cols[v0 + v];
-        s += static_cast<double>(lnpoch(col.factors(), col.a, col.log_a, x));
-        if (normalize) norm -= static_cast<double>(log_factorial(x));
       }
     }
-    s = warp_allsum(s);
-    double N = static_cast<double>(__reduce_add_sync(0xffffffffu, table_N));
-    if (__any_sync(0xffffffffu, rare_N != 0.0 || norm != 0.0)) {
-      N += warp_allsum(rare_N);
-      norm = warp_allsum(norm);
-    }
-    if (!__all_sync(0xffffffffu, ok)) s = NAN;
-    if (num_chunks > 1) {
-      if (lane == 0) partial[b * num_chunks + c] = {s, N, norm, 0.0};
-      continue;
-    }
-    if ((i & 31) == lane) {
-      my_b = b, my_s = s, my_N = N, my_norm = norm;
-    }
-    if ((i & 31) == 31) {
-      out[my_b] = static_cast<float>(finish_row(my_s, my_N, my_norm, A, normalize));
-      my_b = -1;
+#pragma unroll
+    for (int r = 0; r < kRows; ++r, ++i) {
+      const int64_t b = b0 + r * stride;
+      double sr = warp_allsum(s[r]);
+      double N = static_cast<double>(__reduce_add_sync(0xffffffffu, table_N[r]));
+      double nr = norm[r];
+      if (__any_sync(0xffffffffu, rare_N[r] != 0.0 || nr != 0.0)) {
+        N += warp_allsum(rare_N[r]);
+        nr = warp_allsum(nr);
+      }
+      if (!__all_sync(0xffffffffu, ok[r])) sr = NAN;
+      if (b >= B) break;
+      if (num_chunks > 1) {
+        if (lane == 0) partial[b * num_chunks + c] = {sr, N, nr, 0.0};
+        continue;
+      }
+      if ((i & 31) == lane) {
+        my_b = b, my_s = sr, my_N = N, my_norm = nr;
+      }
+      if ((i & 31) == 31) {
+        out[my_b] = static_cast<float>(finish_row(my_s, my_N, my_norm, A, normalize));
+        my_b = -1;
+      }
     }
   }
   if (my_b >= 0) out[my_b] = static_cast<float>(finish_row(my_s, my_N, my_norm, A, normalize));
