@@ -75,30 +75,20 @@ __device__ __forceinline__ void stage_component_tables(float* __restrict__ tab,
   __syncthreads();
 }
 
-// c ? a : b on values in registers. A plain select of two array elements is
-// turned by the compiler into a load through a selected address, which puts
-// the whole array in local memory; PTX's selp takes the values themselves.
-__device__ __forceinline__ float pick(bool c, float a, float b) {
-  float r;
-  asm("{\n\t.reg .pred p;\n\tsetp.ne.s32 p, %3, 0;\n\tselp.f32 %0, %1, %2, p;\n\t}"
-      : "=f"(r)
-      : "f"(a), "f"(b), "r"(static_cast<int>(c)));
-  return r;
-}
-
 // One level of warp_reduce_scatter: lanes exchange half of their S * 2
 // values with the lane S away, keeping the half that their bit S selects.
 // A template per level, so that every loop has a constant trip count and
-// unrolls fully (an index into v that is not a constant puts v in local
-// memory).
+// unrolls fully: every index into v is then a constant and v stays in
+// registers (an index that is not a constant puts v in local memory;
+// `cuobjdump -res-usage` must show STACK:0 for the component kernels).
 template <int KB, int S>
 __device__ __forceinline__ void reduce_scatter_level(float (&v)[KB], int lane) {
   if constexpr (S >= 1) {
     const bool upper = (lane & S) != 0;
 #pragma unroll
     for (int i = 0; i < S; ++i) {
-      const float send = pick(upper, v[i], v[i + S]);
-      const float keep = pick(upper, v[i + S], v[i]);
+      const float send = upper ? v[i] : v[i + S];
+      const float keep = upper ? v[i + S] : v[i];
       v[i] = keep + __shfl_xor_sync(0xffffffffu, send, S);
     }
     reduce_scatter_level<KB, S / 2>(v, lane);
