@@ -100,6 +100,13 @@ inline int64_t num_rows(const Tensor& counts) {
   return V == 0 ? 0 : counts.numel() / V;
 }
 
+// log_lik_backward's counts-gradient output: counts' shape when requested,
+// else empty (0,).
+inline std::vector<int64_t> counts_grad_shape(const Tensor& counts, bool counts_grad) {
+  if (!counts_grad) return {0};
+  return std::vector<int64_t>(counts.sizes().begin(), counts.sizes().end());
+}
+
 // The backward ops' incoming gradient: on counts' device, in log_alpha's
 // dtype, one value per row (log_lik) or per (row, component).
 inline bool check_log_lik_backward(const Tensor& grad, const Tensor& counts,

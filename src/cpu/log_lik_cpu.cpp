@@ -269,9 +269,8 @@ std::tuple<Tensor, Tensor> log_lik_backward_cpu(Tensor grad, Tensor counts,
   const int64_t V = counts.size(counts.dim() - 1);
   const int64_t B = num_rows(counts);
   Tensor grad_la = torch::stable::new_zeros(log_alpha, log_alpha.sizes());
-  std::vector<int64_t> counts_grad_shape{0};
-  if (counts_grad) counts_grad_shape.assign(counts.sizes().begin(), counts.sizes().end());
-  Tensor grad_counts = torch::stable::new_zeros(log_alpha, counts_grad_shape);
+  Tensor grad_counts =
+      torch::stable::new_zeros(log_alpha, counts_grad_shape(counts, counts_grad));
   if (B == 0 || V == 0) return {grad_la, grad_counts};
   DM_DISPATCH_COMPUTE(log_alpha.scalar_type(), [&] {
     DM_DISPATCH_COUNTS(counts.scalar_type(), [&] {

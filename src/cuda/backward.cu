@@ -184,15 +184,14 @@ std::tuple<Tensor, Tensor> log_lik_backward_cuda(Tensor grad, Tensor counts, Ten
   grad = torch::stable::contiguous(grad);
   const int64_t V = counts.size(counts.dim() - 1);
   const int64_t B = num_rows(counts);
-  std::vector<int64_t> counts_grad_shape{0};
-  if (counts_grad) counts_grad_shape.assign(counts.sizes().begin(), counts.sizes().end());
+  const std::vector<int64_t> grad_counts_shape = counts_grad_shape(counts, counts_grad);
   if (B == 0 || V == 0) {
     return {torch::stable::new_zeros(log_alpha, log_alpha.sizes()),
-            torch::stable::new_zeros(log_alpha, counts_grad_shape)};
+            torch::stable::new_zeros(log_alpha, grad_counts_shape)};
   }
   // The kernels write every element of both.
   Tensor grad_la = torch::stable::new_empty(log_alpha, log_alpha.sizes());
-  Tensor grad_counts = torch::stable::new_empty(log_alpha, counts_grad_shape);
+  Tensor grad_counts = torch::stable::new_empty(log_alpha, grad_counts_shape);
   const cudaStream_t stream = current_stream(counts.get_device_index());
   DM_DISPATCH_COMPUTE(log_alpha.scalar_type(), [&] {
     auto* gla = static_cast<scalar_t*>(grad_la.mutable_data_ptr());

@@ -48,6 +48,35 @@ inline RowSplit split_rows(int64_t B, int64_t V) {
   return {len, ceil_div(V, len)};
 }
 
+// The (row, chunk) item of the calling warp in the row kernels' grid, and
+// its columns [v_begin, v_end). valid: false past the last item.
+struct RowItem {
+  int64_t b, c, v_begin, v_end;
+  bool valid;
+};
+
+__device__ __forceinline__ RowItem row_item(const RowSplit& split, int64_t B, int64_t V) {
+  const int64_t item = static_cast<int64_t>(blockIdx.x) * kRowWarps + (threadIdx.x >> 5);
+  const int64_t b = item / split.num_chunks, c = item % split.num_chunks;
+  const int64_t v_begin = c * split.chunk_len;
+  return {b, c, v_begin, min(V, v_begin + split.chunk_len), item < B * split.num_chunks};
+}
+
+// Lane 0's result for (row, chunk, component k of K): the finished value when
+// the row is one chunk, else the chunk's partial for finish_rows_kernel.
+template <typename scalar_t>
+__device__ __forceinline__ void write_row_result(const RowItem& it, const RowSplit& split, int K,
+                                                 int k, double s, double N, double norm,
+                                                 double A, bool normalize,
+                                                 scalar_t* __restrict__ out,
+                                                 RowPartial* __restrict__ partial) {
+  if (split.num_chunks == 1) {
+    out[it.b * K + k] = static_cast<scalar_t>(finish_row(s, N, norm, A, normalize));
+  } else {
+    partial[(it.b * split.num_chunks + it.c) * K + k] = {s, N, norm, A};
+  }
+}
+
 // Shared or per-component alpha: cols is (K, V). out is (B, K) when the row
 // is one chunk, else partial is (B, num_chunks, K).
 template <typename scalar_t, typename count_t, int KB>
@@ -58,11 +87,10 @@ __global__ void __launch_bounds__(kRowWarps * 32)
                         int K, RowSplit split, bool aligned, bool normalize,
                         scalar_t* __restrict__ out, RowPartial* __restrict__ partial) {
   const int lane = threadIdx.x & 31;
-  const int64_t item = static_cast<int64_t>(blockIdx.x) * kRowWarps + (threadIdx.x >> 5);
-  if (item >= B * split.num_chunks) return;
-  const int64_t b = item / split.num_chunks, c = item % split.num_chunks;
-  const int64_t v_begin = c * split.chunk_len, v_end = min(V, v_begin + split.chunk_len);
-  const count_t* row = counts + b * V;
+  const RowItem it = row_item(split, B, V);
+  if (!it.valid) return;
+  const int64_t v_begin = it.v_begin, v_end = it.v_end;
+  const count_t* row = counts + it.b * V;
 
   for (int kb = 0; kb < K; kb += KB) {
     double acc[KB];
@@ -98,13 +126,9 @@ __global__ void __launch_bounds__(kRowWarps * 32)
 #pragma unroll
       for (int k = 0; k < KB; ++k) {
         if (kb + k >= K) continue;
-        const double s = row_ok ? acc[k] : NAN;
-        if (split.num_chunks == 1) {
-          const double A = alpha_total(Apart, kb + k, nblk_alpha);
-          out[b * K + kb + k] = static_cast<scalar_t>(finish_row(s, N, norm, A, normalize));
-        } else {
-          partial[(b * split.num_chunks + c) * K + kb + k] = {s, N, norm, 0.0};
-        }
+        const double A = split.num_chunks == 1 ? alpha_total(Apart, kb + k, nblk_alpha) : 0.0;
+        write_row_result(it, split, K, kb + k, row_ok ? acc[k] : NAN, N, norm, A, normalize, out,
+                         partial);
       }
     }
   }
@@ -118,12 +142,11 @@ __global__ void __launch_bounds__(kRowWarps * 32)
                                    RowSplit split, bool aligned, bool normalize,
                                    scalar_t* __restrict__ out, RowPartial* __restrict__ partial) {
   const int lane = threadIdx.x & 31;
-  const int64_t item = static_cast<int64_t>(blockIdx.x) * kRowWarps + (threadIdx.x >> 5);
-  if (item >= B * split.num_chunks) return;
-  const int64_t b = item / split.num_chunks, c = item % split.num_chunks;
-  const int64_t v_begin = c * split.chunk_len, v_end = min(V, v_begin + split.chunk_len);
-  const count_t* row = counts + b * V;
-  const scalar_t* lrow = log_alpha + b * V;
+  const RowItem it = row_item(split, B, V);
+  if (!it.valid) return;
+  const int64_t v_begin = it.v_begin, v_end = it.v_end;
+  const count_t* row = counts + it.b * V;
+  const scalar_t* lrow = log_alpha + it.b * V;
 
   // Counts that need the slow math (off the exact path, or a float32 result
   // that cancels and is redone in float64) are deferred: each lane marks
@@ -134,8 +157,8 @@ __global__ void __launch_bounds__(kRowWarps * 32)
   double acc = 0.0, N = 0.0, norm = 0.0, A = 0.0;
   bool ok = true;
   unsigned slow = 0;  // bit 4 (load % kGroup) + j
-  int it = 0;
-  for (int64_t v = v_begin + 4 * lane; v < v_end; v += 128, ++it) {
+  int load = 0;  // this lane's loads so far
+  for (int64_t v = v_begin + 4 * lane; v < v_end; v += 128, ++load) {
     scalar_t n[4], la[4];
     double exact[4], unused[4];
     load_counts<scalar_t, count_t>(row, v, v_end, aligned, n, exact);
@@ -158,10 +181,10 @@ __global__ void __launch_bounds__(kRowWarps * 32)
           continue;
         }
       }
-      if (is_valid_count(n[j])) slow |= 1u << (4 * (it % kGroup) + j);
+      if (is_valid_count(n[j])) slow |= 1u << (4 * (load % kGroup) + j);
     }
-    if (it % kGroup == kGroup - 1 || v + 128 >= v_end) {
-      const int64_t group_v = v - 128 * (it % kGroup);
+    if (load % kGroup == kGroup - 1 || v + 128 >= v_end) {
+      const int64_t group_v = v - 128 * (load % kGroup);
 #pragma unroll 1
       while (slow != 0) {
         const int e = __ffs(static_cast<int>(slow)) - 1;
@@ -178,12 +201,7 @@ __global__ void __launch_bounds__(kRowWarps * 32)
   A = warp_sum(A);
   const bool row_ok = __all_sync(0xffffffffu, ok);
   if (lane == 0) {
-    const double s = row_ok ? acc : NAN;
-    if (split.num_chunks == 1) {
-      out[b] = static_cast<scalar_t>(finish_row(s, N, norm, A, normalize));
-    } else {
-      partial[b * split.num_chunks + c] = {s, N, norm, A};
-    }
+    write_row_result(it, split, 1, 0, row_ok ? acc : NAN, N, norm, A, normalize, out, partial);
   }
 }
 
