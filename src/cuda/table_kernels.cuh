@@ -99,7 +99,9 @@ inline int64_t table_columns(int64_t columns, TableLayout layout) {
 // normalized) or alpha dpoch, from the same ColumnAlpha values the
 // preparing blocks compute. For kChunkSlots, consecutive threads take
 // consecutive slots, so every store is coalesced.
-template <typename scalar_t>  // float: the tables are float32
+// (A template, instantiated for float only, so that this header can define it
+// in every .cu file that includes it.)
+template <typename scalar_t>
 __global__ void __launch_bounds__(kPrepThreads)
     prep_and_table_kernel(const float* __restrict__ log_alpha, int64_t V, int K, int nblk,
                           ColumnAlpha<float>* __restrict__ cols, double* __restrict__ Apart,
