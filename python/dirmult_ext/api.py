@@ -98,7 +98,9 @@ def log_lik(counts: Tensor, log_alpha: Optional[Tensor] = None, *,
         raise ValueError(
             f"{name} must have shape ({V},) (shared) or counts' shape {tuple(counts.shape)} "
             f"(per-sample), got {tuple(log_alpha.shape)}")
-    log_alpha = log_alpha.to(_compute_dtype(counts, log_alpha))
+    dtype = _compute_dtype(counts, log_alpha)
+    if log_alpha.dtype != dtype:  # (a no-op .to() still costs a dispatch)
+        log_alpha = log_alpha.to(dtype)
     if validate:
         _check_finite(counts, log_alpha, name)
     return call_log_lik(counts, log_alpha, normalize)
