@@ -69,6 +69,30 @@ def test_wide_rows_are_split_and_exact(device):
     assert ((out.double().cpu() - ref).abs() / ref.abs()).max() < 2e-6
 
 
+@pytest.mark.parametrize("shared", [True, False])
+def test_few_long_rows_forward_and_gradient_match_float64(device, shared):
+    """Few rows of many columns: split into column chunks on CPU (rows alone
+    would leave threads idle); a row with a bad count stays NaN."""
+    B, V = 5, 40000
+    counts = random_counts((B, V), torch.float32, "cpu", zero_frac=0.5)
+    counts[1, 123] = 2.5  # off the exact path
+    log_alpha = torch.empty((V,) if shared else (B, V)).uniform_(-2, 3)
+    la = log_alpha.to(device).requires_grad_()
+    out = dirmult_ext.log_lik(counts.to(device), la, normalize=True)
+    ref = log_lik_float64(counts, log_alpha, True)
+    assert ((out.detach().double().cpu() - ref).abs() / ref.abs()).max() < 2e-6
+    w = torch.randn(B, dtype=torch.float64)
+    g, = torch.autograd.grad((out.double() * w.to(device)).sum(), la)
+    la64 = log_alpha.double().requires_grad_()
+    g64, = torch.autograd.grad(
+        (dirmult_ext.reference_log_lik(counts.double(), la64, True) * w).sum(), la64)
+    assert ((g.double().cpu() - g64).abs().max() / g64.abs().max()) < 1e-5
+    bad = counts.clone()
+    bad[3, 30000] = -1.0
+    out = dirmult_ext.log_lik(bad.to(device), la.detach(), normalize=True).cpu()
+    assert torch.isnan(out).tolist() == [False, False, False, True, False]
+
+
 def test_alpha_keyword_and_float64_promotion(device):
     counts = random_counts((5, 9), torch.int64, device)
     alpha = torch.rand(9, dtype=torch.float64, device=device) + 0.1

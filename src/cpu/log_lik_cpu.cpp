@@ -76,6 +76,47 @@ inline double row_term(double A, double N, bool normalize) {
   return t;
 }
 
+// A row's column sums over a range of its columns.
+struct RowSums {
+  double s = 0.0, N = 0.0, A = 0.0;
+  bool ok = true;
+};
+
+// Columns per work item when rows are few: with fewer rows than
+// kRowsForRowsOnly, each row is split into chunks of kColumnChunk columns
+// (items run in parallel; a row's chunks are then added in order), so that
+// a few long rows still use every thread. The split depends on the shape
+// only: results are the same bits for any thread count.
+constexpr int64_t kRowsForRowsOnly = 64;
+constexpr int64_t kColumnChunk = 16384;
+
+// out[b] = finish(sum of part(b, v0, v1) over the row's chunks).
+template <typename Part, typename Finish>
+void for_each_row(int64_t B, int64_t V, Part part, Finish finish) {
+  const int64_t chunks = B < kRowsForRowsOnly ? std::max<int64_t>(1, (V + kColumnChunk - 1) / kColumnChunk) : 1;
+  if (chunks == 1) {
+    torch::stable::parallel_for(0, B, 16, [&](int64_t b0, int64_t b1) {
+      for (int64_t b = b0; b < b1; ++b) finish(b, part(b, 0, V));
+    });
+    return;
+  }
+  std::vector<RowSums> sums(B * chunks);
+  torch::stable::parallel_for(0, B * chunks, 1, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t b = i / chunks, c = i % chunks;
+      sums[i] = part(b, c * kColumnChunk, std::min(V, (c + 1) * kColumnChunk));
+    }
+  });
+  for (int64_t b = 0; b < B; ++b) {
+    RowSums total;
+    for (int64_t c = 0; c < chunks; ++c) {
+      const RowSums& r = sums[b * chunks + c];
+      total.s += r.s, total.N += r.N, total.A += r.A, total.ok = total.ok && r.ok;
+    }
+    finish(b, total);
+  }
+}
+
 template <typename scalar_t, typename count_t>
 void forward_rows(const count_t* counts, const scalar_t* la, bool shared,
                   int64_t B, int64_t V, bool normalize, scalar_t* out) {
@@ -86,48 +127,49 @@ void forward_rows(const count_t* counts, const scalar_t* la, bool shared,
       scalar_t t = lnpoch(sa.factors[v], sa.alpha[v], sa.log_alpha[v], n);
       return normalize ? t - log_factorial(n) : t;
     });
-    torch::stable::parallel_for(0, B, 16, [&](int64_t b0, int64_t b1) {
-      for (int64_t b = b0; b < b1; ++b) {
-        const count_t* row = counts + b * V;
-        double s = 0.0, N = 0.0;
-        bool ok = sa.finite;
-        for (int64_t v = 0; v < V; ++v) {
-          const scalar_t n = static_cast<scalar_t>(row[v]);
-          if (n == scalar_t(0)) continue;
-          ok = ok && is_valid_count(n);
-          N += static_cast<double>(row[v]);
-          int idx;
-          if (!table.empty() && table_index(n, idx)) {
-            s += table[v * kTableWidth + idx];
-            continue;
-          }
-          s += lnpoch(sa.factors[v], sa.alpha[v], sa.log_alpha[v], n);
-          if (normalize) s -= log_factorial(n);
+    auto part = [&](int64_t b, int64_t v0, int64_t v1) {
+      const count_t* row = counts + b * V;
+      RowSums r;
+      for (int64_t v = v0; v < v1; ++v) {
+        const scalar_t n = static_cast<scalar_t>(row[v]);
+        if (n == scalar_t(0)) continue;
+        r.ok = r.ok && is_valid_count(n);
+        r.N += static_cast<double>(row[v]);
+        int idx;
+        if (!table.empty() && table_index(n, idx)) {
+          r.s += table[v * kTableWidth + idx];
+          continue;
         }
-        out[b] = static_cast<scalar_t>(ok ? s + row_term(sa.total, N, normalize) : kNaN);
+        r.s += lnpoch(sa.factors[v], sa.alpha[v], sa.log_alpha[v], n);
+        if (normalize) r.s -= log_factorial(n);
       }
+      return r;
+    };
+    for_each_row(B, V, part, [&](int64_t b, const RowSums& r) {
+      const bool ok = r.ok && sa.finite;
+      out[b] = static_cast<scalar_t>(ok ? r.s + row_term(sa.total, r.N, normalize) : kNaN);
     });
     return;
   }
-  torch::stable::parallel_for(0, B, 16, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) {
-      const count_t* row = counts + b * V;
-      const scalar_t* lrow = la + b * V;
-      double s = 0.0, N = 0.0, A = 0.0;
-      bool ok = true;
-      for (int64_t v = 0; v < V; ++v) {
-        const scalar_t a = dm_exp(lrow[v]);
-        ok = ok && is_finite(lrow[v]);
-        A += static_cast<double>(a);
-        const scalar_t n = static_cast<scalar_t>(row[v]);
-        if (n == scalar_t(0)) continue;
-        ok = ok && is_valid_count(n);
-        N += static_cast<double>(row[v]);
-        s += lnpoch(a, lrow[v], n);
-        if (normalize) s -= log_factorial(n);
-      }
-      out[b] = static_cast<scalar_t>(ok ? s + row_term(A, N, normalize) : kNaN);
+  auto part = [&](int64_t b, int64_t v0, int64_t v1) {
+    const count_t* row = counts + b * V;
+    const scalar_t* lrow = la + b * V;
+    RowSums r;
+    for (int64_t v = v0; v < v1; ++v) {
+      const scalar_t a = dm_exp(lrow[v]);
+      r.ok = r.ok && is_finite(lrow[v]);
+      r.A += static_cast<double>(a);
+      const scalar_t n = static_cast<scalar_t>(row[v]);
+      if (n == scalar_t(0)) continue;
+      r.ok = r.ok && is_valid_count(n);
+      r.N += static_cast<double>(row[v]);
+      r.s += lnpoch(a, lrow[v], n);
+      if (normalize) r.s -= log_factorial(n);
     }
+    return r;
+  };
+  for_each_row(B, V, part, [&](int64_t b, const RowSums& r) {
+    out[b] = static_cast<scalar_t>(r.ok ? r.s + row_term(r.A, r.N, normalize) : kNaN);
   });
 }
 
@@ -153,6 +195,46 @@ void row_totals(const count_t* counts, const scalar_t* la, bool shared,
 
 // Shared alpha: grad_la[v] = sum_b g_b adpoch(a_v, n_bv) - a_v S,
 // S = sum_b g_b dpoch(A, N_b).
+// backward_shared for a few long rows: the row totals by column chunks,
+// then the columns in parallel chunks, each summing its rows in order (the
+// same order, so the same bits, as one block of rows in backward_shared).
+template <typename scalar_t, typename count_t, typename Term>
+void backward_shared_few_rows(const scalar_t* grad, const count_t* counts,
+                              const SharedAlpha<scalar_t>& sa, int64_t B, int64_t V, Term term,
+                              scalar_t* grad_la) {
+  std::vector<double> N(B);
+  for_each_row(
+      B, V,
+      [&](int64_t b, int64_t v0, int64_t v1) {
+        const count_t* row = counts + b * V;
+        RowSums r;
+        for (int64_t v = v0; v < v1; ++v) {
+          const scalar_t n = static_cast<scalar_t>(row[v]);
+          if (n == scalar_t(0)) continue;
+          r.ok = r.ok && is_valid_count(n);
+          r.N += static_cast<double>(row[v]);
+        }
+        return r;
+      },
+      [&](int64_t b, const RowSums& r) { N[b] = r.ok ? r.N : kNaN; });
+  double S = 0.0;
+  for (int64_t b = 0; b < B; ++b) {
+    S += N[b] == N[b] ? static_cast<double>(grad[b]) * dpoch<double>(sa.total, N[b]) : kNaN;
+  }
+  if (!sa.finite) S = kNaN;
+  torch::stable::parallel_for(0, V, kColumnChunk / 4, [&](int64_t v0, int64_t v1) {
+    for (int64_t v = v0; v < v1; ++v) {
+      double c = 0.0;
+      for (int64_t b = 0; b < B; ++b) {
+        const scalar_t n = static_cast<scalar_t>(counts[b * V + v]);
+        if (n == scalar_t(0)) continue;
+        c += static_cast<double>(grad[b]) * static_cast<double>(term(v, n));
+      }
+      grad_la[v] = static_cast<scalar_t>(c - static_cast<double>(sa.alpha[v]) * S);
+    }
+  });
+}
+
 template <typename scalar_t, typename count_t>
 void backward_shared(const scalar_t* grad, const count_t* counts,
                      const scalar_t* la, int64_t B, int64_t V,
@@ -161,6 +243,15 @@ void backward_shared(const scalar_t* grad, const count_t* counts,
   const std::vector<scalar_t> table = sa.table(B, false, [&](int64_t v, scalar_t n) {
     return adpoch(sa.factors[v], sa.alpha[v], n);
   });
+  auto term = [&](int64_t v, scalar_t n) {
+    int idx;
+    return !table.empty() && table_index(n, idx) ? table[v * kTableWidth + idx]
+                                                 : adpoch(sa.factors[v], sa.alpha[v], n);
+  };
+  if (B < kRowsForRowsOnly && V > kColumnChunk) {
+    backward_shared_few_rows<scalar_t, count_t>(grad, counts, sa, B, V, term, grad_la);
+    return;
+  }
   // Fixed partition of rows into blocks; depends on (B, V) only.
   const int64_t max_blocks = std::max<int64_t>(1, (int64_t{1} << 23) / std::max<int64_t>(V, 1));
   const int64_t nblk = std::max<int64_t>(1, std::min<int64_t>({(B + 255) / 256, 64, max_blocks}));
@@ -180,11 +271,7 @@ void backward_shared(const scalar_t* grad, const count_t* counts,
           if (n == scalar_t(0)) continue;
           ok = ok && is_valid_count(n);
           N += static_cast<double>(row[v]);
-          int idx;
-          const scalar_t term = !table.empty() && table_index(n, idx)
-                                    ? table[v * kTableWidth + idx]
-                                    : adpoch(sa.factors[v], sa.alpha[v], n);
-          c[v] += g * static_cast<double>(term);
+          c[v] += g * static_cast<double>(term(v, n));
         }
         s += ok ? g * dpoch<double>(sa.total, N) : kNaN;
       }
