@@ -45,8 +45,6 @@ def _load_cuda_kernels() -> bool:
 
 CUDA_KERNELS = _load_cuda_kernels()
 ops = torch.ops.dirmult
-# Calls through an overload skip the packet's overload resolution: a few
-# microseconds per call, which is most of a small problem's budget.
 
 
 # ---------------------------------------------------------------- fake kernels

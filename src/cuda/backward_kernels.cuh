@@ -196,11 +196,11 @@ __global__ void __launch_bounds__(kColThreads, kTable ? 3 : 1)
 
 // Wpart[k, blk] = sum over the block's rows b of w[b, k] = G[b, k] dpoch(A_k,
 // N_b), N_b the sum of Npart[b, 0 .. parts) in a fixed order; grid
-// (row_weights_blocks, K). A thread per row for a few parts per row, a warp
-// per row (lanes splitting the parts, see warp_ordered_sum) for many. The
-// block's rows are summed in a fixed order, and column_finish_kernel sums
-// the block partials in order: S_k = sum_b w[b, k] without a launch of its
-// own, bitwise reproducible.
+// (row_weights_blocks, K). A thread per row for a few parts per row, a block
+// per row (its threads splitting the parts) for many. The block's rows are
+// summed in a fixed order, and column_finish_kernel sums the block partials
+// in order: S_k = sum_b w[b, k] without a launch of its own, bitwise
+// reproducible.
 constexpr int kWeightThreads = 256;
 constexpr int64_t kMaxPartsPerThread = 32;
 
