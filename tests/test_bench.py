@@ -47,6 +47,9 @@ def test_bench_quick_json(tmp_path, capsys):
         _check_row(row, compiled=True)
     assert _positive_finite(data["small"]["add1"]["median_us"])
     assert _positive_finite(data["small"]["trivial_grad"]["median_us"])
+    # The four small-problem timings are interleaved: the same number of calls each.
+    reps = {data["small"][k]["reps"] for k in ("add1", "ext_fwd", "trivial_grad", "ext_fwdbwd")}
+    assert len(reps) == 1 and reps.pop() >= 1
     targets = {t["target"]: t for t in data["targets"]}
     assert len(targets) == 11
     for t in targets.values():
