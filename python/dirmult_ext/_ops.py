@@ -158,21 +158,20 @@ class _Components(torch.autograd.Function):
     backward = staticmethod(_components_backward)
 
 
+def _call(op, function, counts, log_alpha, normalize: bool):
+    if not _eager():
+        return op(counts, log_alpha, normalize)
+    if _wants_grad(counts, log_alpha):
+        return function.apply(counts, log_alpha, normalize)
+    with _BELOW_AUTOGRAD():
+        return op(counts, log_alpha, normalize)
+
+
 def call_log_lik(counts, log_alpha, normalize: bool):
     """dirmult::log_lik, by the eager fast path where it applies."""
-    if not _eager():
-        return ops.log_lik.default(counts, log_alpha, normalize)
-    if _wants_grad(counts, log_alpha):
-        return _LogLik.apply(counts, log_alpha, normalize)
-    with _BELOW_AUTOGRAD():
-        return ops.log_lik.default(counts, log_alpha, normalize)
+    return _call(ops.log_lik.default, _LogLik, counts, log_alpha, normalize)
 
 
 def call_log_lik_components(counts, log_alpha, normalize: bool):
     """dirmult::log_lik_components, by the eager fast path where it applies."""
-    if not _eager():
-        return ops.log_lik_components.default(counts, log_alpha, normalize)
-    if _wants_grad(counts, log_alpha):
-        return _Components.apply(counts, log_alpha, normalize)
-    with _BELOW_AUTOGRAD():
-        return ops.log_lik_components.default(counts, log_alpha, normalize)
+    return _call(ops.log_lik_components.default, _Components, counts, log_alpha, normalize)
