@@ -136,26 +136,22 @@ def _wants_grad(*tensors) -> bool:
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
-class _LogLik(torch.autograd.Function):
-    @staticmethod
+def _eager_function(name, op, setup_context, backward):
+    """An autograd.Function over `op` with the registered formulas: the op is
+    called below the Autograd key, then `setup_context` as torch would."""
     def forward(ctx, counts, log_alpha, normalize):
         with _BELOW_AUTOGRAD():
-            out = ops.log_lik.default(counts, log_alpha, normalize)
-        _log_lik_setup(ctx, (counts, log_alpha, normalize), out)
+            out = op(counts, log_alpha, normalize)
+        setup_context(ctx, (counts, log_alpha, normalize), out)
         return out
 
-    backward = staticmethod(_log_lik_backward)
+    return type(name, (torch.autograd.Function,),
+                {"forward": staticmethod(forward), "backward": staticmethod(backward)})
 
 
-class _Components(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, counts, log_alpha, normalize):
-        with _BELOW_AUTOGRAD():
-            out = ops.log_lik_components.default(counts, log_alpha, normalize)
-        _components_setup(ctx, (counts, log_alpha, normalize), out)
-        return out
-
-    backward = staticmethod(_components_backward)
+_LogLik = _eager_function("_LogLik", ops.log_lik.default, _log_lik_setup, _log_lik_backward)
+_Components = _eager_function("_Components", ops.log_lik_components.default,
+                              _components_setup, _components_backward)
 
 
 def _call(op, function, counts, log_alpha, normalize: bool):

@@ -173,24 +173,32 @@ void forward_rows(const count_t* counts, const scalar_t* la, bool shared,
   });
 }
 
+// A row's count total over columns [v0, v1) and, for per-sample alpha, its
+// concentration total; ok is false for a bad count or concentration.
+template <typename scalar_t, typename count_t>
+RowSums row_count_sums(const count_t* counts, const scalar_t* la, bool shared, int64_t b,
+                       int64_t V, int64_t v0, int64_t v1) {
+  const count_t* row = counts + b * V;
+  RowSums r;
+  for (int64_t v = v0; v < v1; ++v) {
+    const scalar_t n = static_cast<scalar_t>(row[v]);
+    r.ok = r.ok && (n == scalar_t(0) || is_valid_count(n));
+    r.N += static_cast<double>(row[v]);
+    if (!shared) {
+      r.ok = r.ok && is_finite(la[b * V + v]);
+      r.A += static_cast<double>(dm_exp(la[b * V + v]));
+    }
+  }
+  return r;
+}
+
 // Row totals N_b and A_b (A_b = A for shared alpha); NaN N_b marks a bad row.
 template <typename scalar_t, typename count_t>
 void row_totals(const count_t* counts, const scalar_t* la, bool shared,
                 int64_t b, int64_t V, double shared_A, double& N, double& A) {
-  const count_t* row = counts + b * V;
-  N = 0.0;
-  A = shared ? shared_A : 0.0;
-  bool ok = true;
-  for (int64_t v = 0; v < V; ++v) {
-    const scalar_t n = static_cast<scalar_t>(row[v]);
-    ok = ok && (n == scalar_t(0) || is_valid_count(n));
-    N += static_cast<double>(row[v]);
-    if (!shared) {
-      ok = ok && is_finite(la[b * V + v]);
-      A += static_cast<double>(dm_exp(la[b * V + v]));
-    }
-  }
-  if (!ok) N = kNaN;
+  const RowSums r = row_count_sums<scalar_t, count_t>(counts, la, shared, b, V, 0, V);
+  N = r.ok ? r.N : kNaN;
+  A = shared ? shared_A : r.A;
 }
 
 // Shared alpha: grad_la[v] = sum_b g_b adpoch(a_v, n_bv) - a_v S,
@@ -206,15 +214,7 @@ void backward_shared_few_rows(const scalar_t* grad, const count_t* counts,
   for_each_row(
       B, V,
       [&](int64_t b, int64_t v0, int64_t v1) {
-        const count_t* row = counts + b * V;
-        RowSums r;
-        for (int64_t v = v0; v < v1; ++v) {
-          const scalar_t n = static_cast<scalar_t>(row[v]);
-          if (n == scalar_t(0)) continue;
-          r.ok = r.ok && is_valid_count(n);
-          r.N += static_cast<double>(row[v]);
-        }
-        return r;
+        return row_count_sums<scalar_t, count_t>(counts, nullptr, true, b, V, v0, v1);
       },
       [&](int64_t b, const RowSums& r) { N[b] = r.ok ? r.N : kNaN; });
   double S = 0.0;
