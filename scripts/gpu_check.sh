@@ -89,7 +89,7 @@ if has bench; then
 fi
 if has profile && command -v ncu >/dev/null; then
   run_stage profile "ncu" timeout 300 ncu --clock-control none \
-    -k "regex:forward_table|components_table|column_backward|column_finish|components_finish|alpha_prep|prep_and_table|finish_rows|row_weights|row_count_totals|per_sample" \
+    -k "regex:forward_table|with_grad|components_table|column_backward|column_finish|components_finish|alpha_prep|prep_and_table|finish_rows|row_weights|row_count_totals|per_sample" \
     --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
     --section LaunchStats --section WarpStateStats --section SchedulerStats \
     "$PY" "$REPO/scripts/profile_kernels.py"

@@ -1,6 +1,6 @@
 """The hot kernels once each at the benchmark shapes, for Nsight Compute
-(scripts/gpu_check.sh's profile stage): the shared-alpha forward and
-backward at tall and wide, the forward at sparse, the component table
+(scripts/gpu_check.sh's profile stage): the shared-alpha forward, the
+single pass and the backward at tall, the single pass at wide, the forward at sparse, the component table
 kernels at K = 16, and the per-sample forward."""
 import torch
 
@@ -12,7 +12,9 @@ counts = torch.randint(0, 10, (B, V), generator=g, device="cuda", dtype=torch.fl
 la = (torch.randn(V, generator=g, device="cuda") * 0.5).requires_grad_()
 la_k = (torch.randn(K, V, generator=g, device="cuda") * 0.5).requires_grad_()
 out = dirmult_ext.log_lik(counts, la)
-torch.autograd.grad(out.sum(), la)
+torch.autograd.grad(out.sum(), la)  # the single pass (with_grad_kernel)
+out = dirmult_ext.log_lik(counts, la)
+torch.autograd.grad(out, la, torch.rand_like(out))  # the backward kernels (row weights)
 out = dirmult_ext.log_lik_components(counts, la_k)
 torch.autograd.grad(out.sum(), la_k)
 # wide: few rows, long ones (split into column chunks)

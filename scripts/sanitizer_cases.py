@@ -1,12 +1,16 @@
 """Runs every CUDA kernel once on small inputs (all code paths: vector and
 scalar loads, split rows, per-sample alpha, components with and without
-lookup tables, counts gradient, float64) for compute-sanitizer. Exits non-zero on a wrong answer."""
+lookup tables, counts gradient, float64, the single pass and the backward
+kernels it replaces for a sum) for compute-sanitizer. Exits non-zero on a wrong answer."""
 import torch
 
 import dirmult_ext
 
 
-def case(B, V, dtype=torch.float32, shared=True, counts_grad=False, K=None):
+def case(B, V, dtype=torch.float32, shared=True, counts_grad=False, K=None, weighted=False):
+    """weighted: the backward gets row weights that are not one number (the
+    backward kernels run); else the gradient of the sum (the single pass,
+    where it applies)."""
     counts = torch.randint(0, 12, (B, V), device="cuda").to(dtype)
     counts[0, 0] = 20  # beyond the exact path
     compute = torch.float64 if dtype == torch.float64 else torch.float32
@@ -21,7 +25,8 @@ def case(B, V, dtype=torch.float32, shared=True, counts_grad=False, K=None):
         if counts_grad:
             counts.requires_grad_()
         out = dirmult_ext.log_lik(counts, la, normalize=True)
-        torch.autograd.grad(out.sum(), [la, counts] if counts_grad else [la])
+        loss = (out * torch.rand_like(out)).sum() if weighted else out.sum()
+        torch.autograd.grad(loss, [la, counts] if counts_grad else [la])
         ref = dirmult_ext.log_lik(counts.detach().cpu(), la.detach().cpu(), normalize=True)
     torch.cuda.synchronize()
     torch.testing.assert_close(out.detach().cpu(), ref, rtol=1e-5, atol=1e-3)
@@ -31,6 +36,10 @@ if __name__ == "__main__":
     case(37, 256)                   # table path, chunk shorter than the table slice
     case(40, 1500)                  # table path, two chunks (the second ragged)
     case(36, 700, torch.int64)      # table path with 8-byte (float64) counts
+    case(37, 256, weighted=True)    # the same three through the backward kernels
+    case(40, 1500, weighted=True)
+    case(36, 700, torch.int64, weighted=True)
+    case(33, 301, torch.uint8)      # single pass: scalar loads, 1-byte counts
     case(52001, 37)                 # forward table kernel, two rows per warp
     case(5, 301)                    # scalar loads (V % 4 != 0)
     case(3, 9000)                   # split rows

@@ -11,6 +11,12 @@ STABLE_TORCH_LIBRARY(dirmult, m) {
   m.def(
       "log_lik_backward(Tensor grad, Tensor counts, Tensor log_alpha, "
       "bool normalize, bool counts_grad) -> (Tensor, Tensor)");
+  // log_lik and the gradient of its sum with respect to log_alpha (V,), from
+  // one read of the counts where the kernels allow: the backward of a sum or
+  // mean of the rows is then a scale of it.
+  m.def(
+      "log_lik_with_grad(Tensor counts, Tensor log_alpha, bool normalize=False) "
+      "-> (Tensor, Tensor)");
   // counts (B, V); log_alpha (K, V) components. Returns (B, K).
   m.def(
       "log_lik_components(Tensor counts, Tensor log_alpha, bool normalize=False) "

@@ -70,6 +70,12 @@ def _components_backward_fake(grad, counts, log_alpha):
     return torch.empty_like(log_alpha)
 
 
+@torch.library.register_fake("dirmult::log_lik_with_grad")
+def _log_lik_with_grad_fake(counts, log_alpha, normalize=False):
+    return (counts.new_empty(counts.shape[:-1], dtype=log_alpha.dtype),
+            torch.empty_like(log_alpha))
+
+
 @torch.library.register_fake("dirmult::poch_terms")
 def _poch_terms_fake(log_alpha, n):
     return torch.empty_like(log_alpha), torch.empty_like(log_alpha)
@@ -149,9 +155,54 @@ def _eager_function(name, op, setup_context, backward):
                 {"forward": staticmethod(forward), "backward": staticmethod(backward)})
 
 
-_LogLik = _eager_function("_LogLik", ops.log_lik.default, _log_lik_setup, _log_lik_backward)
 _Components = _eager_function("_Components", ops.log_lik_components.default,
                               _components_setup, _components_backward)
+
+# The single pass (dirmult::log_lik_with_grad) reads the counts once for the
+# forward and the gradient of the rows' sum. Its CUDA kernel serves shared
+# float32 log_alpha over at least this many rows (kTableMinRows in
+# src/cuda/table_kernels.cuh); elsewhere the op is a forward plus a backward
+# and would only move the backward's work into the forward.
+_SINGLE_PASS_MIN_ROWS = 32
+
+
+def _single_pass_applies(ctx, counts, log_alpha) -> bool:
+    return (counts.is_cuda and log_alpha.dim() == 1 and counts.dim() >= 2
+            and log_alpha.dtype == torch.float32
+            and counts.numel() >= _SINGLE_PASS_MIN_ROWS * max(counts.shape[-1], 1)
+            and counts.shape[-1] > 0
+            and ctx.needs_input_grad[1] and not ctx.needs_input_grad[0])
+
+
+def _is_uniform(grad) -> bool:
+    """Every element of grad is one number, known from its strides alone (no
+    device read): the gradient of a sum reaches log_lik as an expanded scalar."""
+    return grad.numel() <= 1 or all(stride == 0 for stride, size in
+                                    zip(grad.stride(), grad.shape) if size > 1)
+
+
+class _LogLik(torch.autograd.Function):
+    """log_lik with the registered formulas, plus the single pass: where it
+    applies, the forward also computes the gradient of the rows' sum, and a
+    backward whose incoming gradient is one number g for every row (a sum of
+    the rows) returns g times it instead of reading the counts again."""
+
+    @staticmethod
+    def forward(ctx, counts, log_alpha, normalize):
+        ctx.grad_of_sum = None
+        with _BELOW_AUTOGRAD():
+            if _single_pass_applies(ctx, counts, log_alpha):
+                out, ctx.grad_of_sum = ops.log_lik_with_grad.default(counts, log_alpha, normalize)
+            else:
+                out = ops.log_lik.default(counts, log_alpha, normalize)
+        _log_lik_setup(ctx, (counts, log_alpha, normalize), out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        if ctx.grad_of_sum is not None and _is_uniform(grad):
+            return None, ctx.grad_of_sum * grad.reshape(-1)[0], None
+        return _log_lik_backward(ctx, grad)
 
 
 def _call(op, function, counts, log_alpha, normalize: bool):

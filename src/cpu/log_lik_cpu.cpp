@@ -19,6 +19,7 @@
 #include "../common/count_dispatch.h"
 #include "../common/safe_box.h"
 #include "../common/tensor_checks.h"
+#include "../common/with_grad.h"
 #include "dirmult/math.h"
 
 namespace dirmult {
@@ -376,6 +377,15 @@ std::tuple<Tensor, Tensor> log_lik_backward_cpu(Tensor grad, Tensor counts,
   return {grad_la, grad_counts};
 }
 
+// No single-pass CPU kernel: the forward, then the backward with unit row
+// weights (the Python API takes this op's single pass on CUDA only).
+std::tuple<Tensor, Tensor> log_lik_with_grad_cpu(Tensor counts, Tensor log_alpha,
+                                                 bool normalize) {
+  check_log_lik_with_grad(counts, log_alpha);
+  return log_lik_with_grad_from_ops(log_lik_cpu, log_lik_backward_cpu, counts, log_alpha,
+                                    normalize);
+}
+
 std::tuple<Tensor, Tensor> poch_terms_cpu(Tensor log_alpha, Tensor n) {
   STD_TORCH_CHECK(is_compute_dtype(log_alpha.scalar_type()) &&
                       n.scalar_type() == log_alpha.scalar_type(),
@@ -414,5 +424,6 @@ STABLE_TORCH_LIBRARY_IMPL(dirmult, CPU, m) {
   m.impl("log_lik_components", DM_BOX(&dirmult::log_lik_components_cpu));
   m.impl("log_lik_components_backward",
          DM_BOX(&dirmult::log_lik_components_backward_cpu));
+  m.impl("log_lik_with_grad", DM_BOX(&dirmult::log_lik_with_grad_cpu));
   m.impl("poch_terms", DM_BOX(&dirmult::poch_terms_cpu));
 }

@@ -13,31 +13,6 @@ namespace {
 
 constexpr int kComponentBlockBwd = 4;  // components per pass in the backward
 
-// Bytes of scratch memory for launch_column_finish's row-weight partials.
-inline int64_t weight_partial_bytes(int64_t B, int K, int64_t parts) {
-  return row_weights_blocks(B, parts) * K * static_cast<int64_t>(sizeof(double));
-}
-
-// grad_la = column partials - a S from the row totals N (Npart: parts per
-// row) and the column partials Cpart of row_tiles tiles; Wpart:
-// weight_partial_bytes of scratch memory.
-template <typename scalar_t>
-void launch_column_finish(const scalar_t* g, const double* Npart, int64_t parts,
-                          const double* Cpart, int64_t row_tiles, const PreparedAlpha<scalar_t>& pa,
-                          int64_t B, int64_t V, int K, double* Wpart, scalar_t* grad_la,
-                          cudaStream_t stream) {
-  const int64_t wblocks = row_weights_blocks(B, parts);
-  row_weights_kernel<scalar_t><<<dim3(static_cast<unsigned>(wblocks), static_cast<unsigned>(K)),
-                                 kWeightThreads, 0, stream>>>(g, Npart, parts, pa.Apart, pa.nblk,
-                                                              B, K, Wpart);
-  DM_CUDA_CHECK_LAUNCH();
-  const dim3 fgrid(static_cast<unsigned>(ceil_div(V, finish_columns_per_block(row_tiles))),
-                   static_cast<unsigned>(K));
-  column_finish_kernel<scalar_t><<<fgrid, kFinishThreads, 0, stream>>>(
-      Cpart, Wpart, wblocks, pa.Apart, pa.nblk, pa.cols, V, K, row_tiles, grad_la);
-  DM_CUDA_CHECK_LAUNCH();
-}
-
 // grad_la (K, V) for shared / component alpha: one read of the counts.
 // kTable: float32, K == 1, with the alpha * dpoch lookup table.
 template <typename scalar_t, typename count_t, int KB, bool kTable>

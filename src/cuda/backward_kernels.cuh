@@ -226,33 +226,47 @@ __device__ __forceinline__ double block_sum(double x, double* __restrict__ warp_
   return total;
 }
 
+// grad null: unit weights (G = 1, the gradient of the rows' sum). Lpart
+// non-null (K == 1, log_lik_with_grad): the rows' lnpoch partials, laid out
+// as Npart, summed the same way; out[b] = the row's log-likelihood.
 template <typename scalar_t>
 __global__ void __launch_bounds__(kWeightThreads)
     row_weights_kernel(const scalar_t* __restrict__ grad, const double* __restrict__ Npart,
                        int64_t parts, const double* __restrict__ Apart, int nblk_alpha,
-                       int64_t B, int K, double* __restrict__ Wpart) {
+                       int64_t B, int K, double* __restrict__ Wpart,
+                       const double* __restrict__ Lpart, bool normalize,
+                       scalar_t* __restrict__ out) {
   __shared__ double warp_sums[kWeightThreads / 32];
   const int k = blockIdx.y;
   const bool per_thread = parts <= kMaxPartsPerThread;
   // A thread per row (few parts), or a block per row (its threads split the parts).
   const int64_t b = per_thread ? static_cast<int64_t>(blockIdx.x) * kWeightThreads + threadIdx.x
                                : static_cast<int64_t>(blockIdx.x);
-  double N = 0.0;
+  double N = 0.0, L = 0.0;
   bool mine = b < B;
   if (per_thread) {
     if (mine) {
       for (int64_t p = 0; p < parts; ++p) N += Npart[b * parts + p];
+      if (Lpart != nullptr) {
+        for (int64_t p = 0; p < parts; ++p) L += Lpart[b * parts + p];
+      }
     }
   } else {
-    double part = 0.0;
-    for (int64_t p = threadIdx.x; p < parts; p += kWeightThreads) part += Npart[b * parts + p];
-    N = block_sum(part, warp_sums);
+    double n_part = 0.0, l_part = 0.0;
+    for (int64_t p = threadIdx.x; p < parts; p += kWeightThreads) {
+      n_part += Npart[b * parts + p];
+      if (Lpart != nullptr) l_part += Lpart[b * parts + p];
+    }
+    N = block_sum(n_part, warp_sums);
+    if (Lpart != nullptr) L = block_sum(l_part, warp_sums);
     mine = threadIdx.x == 0;
   }
   double w = 0.0;
   if (mine) {
     const double A = alpha_total(Apart, k, nblk_alpha);
-    w = static_cast<double>(grad[b * K + k]) * dpoch<double>(A, N) + (N == N ? 0.0 : NAN);
+    const double g = grad != nullptr ? static_cast<double>(grad[b * K + k]) : 1.0;
+    w = g * dpoch<double>(A, N) + (N == N ? 0.0 : NAN);
+    if (Lpart != nullptr) out[b] = static_cast<scalar_t>(finish_row(L, N, 0.0, A, normalize));
   }
   w = block_sum(w, warp_sums);
   if (threadIdx.x == 0) Wpart[static_cast<int64_t>(k) * gridDim.x + blockIdx.x] = w;
@@ -315,6 +329,41 @@ __global__ void __launch_bounds__(kFinishThreads)
     for (int i = 0; i < kFinishThreads / 32; ++i) total += sums[i][lane];
     grad_la[k * V + v] = static_cast<scalar_t>(total - static_cast<double>(cols[k * V + v].a) * S_k);
   }
+}
+
+// Bytes of scratch memory for launch_column_finish's row-weight partials.
+inline int64_t weight_partial_bytes(int64_t B, int K, int64_t parts) {
+  return row_weights_blocks(B, parts) * K * static_cast<int64_t>(sizeof(double));
+}
+
+// Where launch_column_finish also writes the rows' log-likelihoods
+// (log_lik_with_grad): the rows' lnpoch partials, laid out as Npart.
+template <typename scalar_t>
+struct RowOutputs {
+  const double* Lpart = nullptr;
+  bool normalize = false;
+  scalar_t* out = nullptr;
+};
+
+// grad_la = column partials - a S from the row totals N (Npart: parts per
+// row) and the column partials Cpart of row_tiles tiles; g null: unit row
+// weights. Wpart: weight_partial_bytes of scratch memory.
+template <typename scalar_t>
+void launch_column_finish(const scalar_t* g, const double* Npart, int64_t parts,
+                          const double* Cpart, int64_t row_tiles, const PreparedAlpha<scalar_t>& pa,
+                          int64_t B, int64_t V, int K, double* Wpart, scalar_t* grad_la,
+                          cudaStream_t stream, RowOutputs<scalar_t> rows = {}) {
+  const int64_t wblocks = row_weights_blocks(B, parts);
+  row_weights_kernel<scalar_t><<<dim3(static_cast<unsigned>(wblocks), static_cast<unsigned>(K)),
+                                 kWeightThreads, 0, stream>>>(g, Npart, parts, pa.Apart, pa.nblk,
+                                                              B, K, Wpart, rows.Lpart,
+                                                              rows.normalize, rows.out);
+  DM_CUDA_CHECK_LAUNCH();
+  const dim3 fgrid(static_cast<unsigned>(ceil_div(V, finish_columns_per_block(row_tiles))),
+                   static_cast<unsigned>(K));
+  column_finish_kernel<scalar_t><<<fgrid, kFinishThreads, 0, stream>>>(
+      Cpart, Wpart, wblocks, pa.Apart, pa.nblk, pa.cols, V, K, row_tiles, grad_la);
+  DM_CUDA_CHECK_LAUNCH();
 }
 
 // Row quantities for the elementwise gradients:

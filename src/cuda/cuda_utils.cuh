@@ -103,6 +103,31 @@ __device__ __forceinline__ T warp_allsum(T x) {
   return x;
 }
 
+// kN sums over the warp at once (kN a power of two, at most 32): v[i] is
+// lane l's term of sum i. Each halving step trades half the values with the
+// lane `offset` away, so the kN sums cost kN - 1 + log2(32 / kN) shuffles
+// instead of 5 kN. Returns sum (lane / (32 / kN)), the same value in each of
+// that sum's 32 / kN lanes; the order of the additions is fixed.
+template <typename T, int kN>
+__device__ __forceinline__ T warp_transposed_sums(T (&v)[kN]) {
+  static_assert(kN >= 1 && kN <= 32 && (kN & (kN - 1)) == 0, "kN: a power of two up to 32");
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int width = kN / 2, offset = 16; width >= 1; width /= 2, offset /= 2) {
+    const bool upper = (lane & offset) != 0;
+#pragma unroll
+    for (int i = 0; i < width; ++i) {
+      const T send = upper ? v[i] : v[i + width];
+      const T keep = upper ? v[i + width] : v[i];
+      v[i] = keep + __shfl_xor_sync(0xffffffffu, send, offset);
+    }
+  }
+  T x = v[0];
+#pragma unroll
+  for (int offset = 16 / kN; offset > 0; offset /= 2) x += __shfl_xor_sync(0xffffffffu, x, offset);
+  return x;
+}
+
 // Streaming multiprocessors of the current device (cached per device).
 inline int num_sms() {
   static int cached[64] = {};

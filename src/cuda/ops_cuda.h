@@ -69,6 +69,7 @@ std::tuple<Tensor, Tensor> log_lik_backward_cuda(Tensor grad, Tensor counts, Ten
                                                  bool normalize, bool counts_grad);
 Tensor log_lik_components_cuda(Tensor counts, Tensor log_alpha, bool normalize);
 Tensor log_lik_components_backward_cuda(Tensor grad, Tensor counts, Tensor log_alpha);
+std::tuple<Tensor, Tensor> log_lik_with_grad_cuda(Tensor counts, Tensor log_alpha, bool normalize);
 
 }  // namespace cuda
 }  // namespace dirmult

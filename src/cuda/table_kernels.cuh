@@ -70,7 +70,8 @@ int64_t one_wave_blocks(int threads, size_t bytes) {
   return static_cast<int64_t>(allow_table_smem<kKernel>(threads, bytes)) * num_sms();
 }
 
-enum class TableKind { kLogPoch, kAlphaDPoch };
+// kBoth: the lnpoch table, then the alpha dpoch table (second_table).
+enum class TableKind { kLogPoch, kAlphaDPoch, kBoth };
 
 // kChunkSlots (shared alpha): per chunk of kTableChunk columns, the
 // kChunkFloats entries in their shared-memory order (table_slot), columns
@@ -80,17 +81,25 @@ enum class TableLayout { kChunkSlots, kColumns };
 
 constexpr int kChunkFloats = kTableChunk * kTableWidth;
 
-inline int64_t table_bytes(int64_t columns, TableLayout layout) {
-  const int64_t entries = layout == TableLayout::kChunkSlots
-                              ? ceil_div(columns, kTableChunk) * kChunkFloats
-                              : columns * kTableWidth;
-  return entries * static_cast<int64_t>(sizeof(float));
-}
-
 // Columns of the table, padded to whole chunks for kChunkSlots.
 inline int64_t table_columns(int64_t columns, TableLayout layout) {
   return layout == TableLayout::kChunkSlots ? ceil_div(columns, kTableChunk) * kTableChunk
                                             : columns;
+}
+
+inline int64_t table_bytes(int64_t columns, TableLayout layout,
+                           TableKind kind = TableKind::kLogPoch) {
+  const int64_t tables = kind == TableKind::kBoth ? 2 : 1;
+  return tables * table_columns(columns, layout) * kTableWidth *
+         static_cast<int64_t>(sizeof(float));
+}
+
+// The alpha dpoch table of a kBoth table of `columns` columns.
+__host__ __device__ inline float* second_table(float* table, int64_t columns, TableLayout layout) {
+  const int64_t padded = layout == TableLayout::kChunkSlots
+                             ? (columns + kTableChunk - 1) / kTableChunk * kTableChunk
+                             : columns;
+  return table + padded * kTableWidth;
 }
 
 // One launch for both: blocks [0, K nblk) prepare alpha (prep_alpha_slice),
@@ -128,19 +137,27 @@ __global__ void __launch_bounds__(kPrepThreads)
     stride = 1;
   }
   float* dst = table + first;
+  float* dst2 = kind == TableKind::kBoth ? dst + padded_columns * kTableWidth : nullptr;
   if (column >= K * V) {  // padding: read as count 0 only
 #pragma unroll 1
-    for (int n = 0; n < kTableWidth; ++n) dst[n * stride] = 0.0f;
+    for (int n = 0; n < kTableWidth; ++n) {
+      dst[n * stride] = 0.0f;
+      if (dst2 != nullptr) dst2[n * stride] = 0.0f;
+    }
     return;
   }
   const float la = log_alpha[column];
   const float a = dm_exp(la);
-  exact_path_values(exact_factors(a), a, la, kind == TableKind::kLogPoch, normalize,
+  const ExactFactors<float> f = exact_factors(a);
+  exact_path_values(f, a, la, kind != TableKind::kAlphaDPoch, normalize,
                     [&](int n, float value) { dst[n * stride] = value; });
+  if (dst2 != nullptr) {
+    exact_path_values(f, a, la, false, false, [&](int n, float value) { dst2[n * stride] = value; });
+  }
 }
 
 // Prepares (K, V) float alpha into alpha_dst (prepared_alpha_bytes) and
-// fills `table` (table_bytes(K * V, layout)), in one launch.
+// fills `table` (table_bytes(K * V, layout, kind)), in one launch.
 inline PreparedAlpha<float> prepare_alpha_and_table(const torch::stable::Tensor& log_alpha, int K,
                                                     int64_t V, void* alpha_dst, TableKind kind,
                                                     TableLayout layout, bool normalize,

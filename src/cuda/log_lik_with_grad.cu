@@ -1,0 +1,80 @@
+// CUDA op dirmult::log_lik_with_grad: the rows' log-likelihoods and the
+// gradient of their sum, one read of the counts where the tables apply.
+#include "../common/with_grad.h"
+#include "ops_cuda.h"
+#include "with_grad_kernels.cuh"
+
+namespace dirmult {
+namespace cuda {
+namespace {
+
+// Row groups per block: two (512 threads) measured faster than one at tall
+// and sparse (BENCHMARKS.md, fourth session).
+constexpr int kWithGradGroups = 2;
+
+template <typename count_t>
+void launch_with_grad(const Tensor& counts, const Tensor& log_alpha, int64_t B, int64_t V,
+                      bool normalize, float* out, float* grad_la, cudaStream_t stream) {
+  constexpr auto kKernel = with_grad_kernel<count_t, kWithGradGroups>;
+  constexpr int kThreads = kColThreads * kWithGradGroups;
+  const ColumnTiling tiling =
+      tile_columns(B, V, 1, one_wave_blocks<kKernel>(kThreads, kWithGradSmemBytes));
+  const int64_t parts = tiling.col_chunks * kColWarps;
+  const int64_t column_tiles = tiling.row_tiles * kWithGradGroups;  // Cpart rows
+  ScratchLayout layout;
+  const int64_t alpha_at = layout.add(prepared_alpha_bytes<float>(1, V));
+  const int64_t table_at =
+      layout.add(table_bytes(V, TableLayout::kChunkSlots, TableKind::kBoth));
+  const int64_t c_at = layout.add(column_tiles * V * static_cast<int64_t>(sizeof(double)));
+  const int64_t n_at = layout.add(B * parts * static_cast<int64_t>(sizeof(double)));
+  const int64_t l_at = layout.add(B * parts * static_cast<int64_t>(sizeof(double)));
+  const int64_t w_at = layout.add(weight_partial_bytes(B, 1, parts));
+  const Tensor ws = workspace(counts, layout.size());
+  float* table = ScratchLayout::at<float>(ws, table_at);
+  const PreparedAlpha<float> pa = prepare_alpha_and_table(
+      log_alpha, 1, V, ScratchLayout::at<char>(ws, alpha_at), TableKind::kBoth,
+      TableLayout::kChunkSlots, normalize, table, stream);
+  auto* Cpart = ScratchLayout::at<double>(ws, c_at);
+  auto* Npart = ScratchLayout::at<double>(ws, n_at);
+  auto* Lpart = ScratchLayout::at<double>(ws, l_at);
+  const auto* n = static_cast<const count_t*>(counts.const_data_ptr());
+  const bool aligned = V % 4 == 0 && is_aligned<count_t>(n);
+  const dim3 grid(static_cast<unsigned>(tiling.col_chunks), static_cast<unsigned>(tiling.row_tiles));
+  kKernel<<<grid, kThreads, kWithGradSmemBytes, stream>>>(
+      n, pa.cols, table, second_table(table, V, TableLayout::kChunkSlots), B, V, tiling, aligned,
+      normalize, Cpart, Npart, Lpart);
+  DM_CUDA_CHECK_LAUNCH();
+  launch_column_finish<float>(nullptr, Npart, parts, Cpart, column_tiles, pa, B, V, 1,
+                              ScratchLayout::at<double>(ws, w_at), grad_la, stream,
+                              {Lpart, normalize, out});
+}
+
+}  // namespace
+
+std::tuple<Tensor, Tensor> log_lik_with_grad_cuda(Tensor counts, Tensor log_alpha,
+                                                  bool normalize) {
+  check_log_lik_with_grad(counts, log_alpha);
+  torch::stable::accelerator::DeviceGuard guard(counts.get_device_index());
+  const int64_t V = counts.size(counts.dim() - 1);
+  const int64_t B = num_rows(counts);
+  if (log_alpha.scalar_type() != ScalarType::Float || V == 0 || !use_tables<float>(B)) {
+    auto backward = [](Tensor g, Tensor c, Tensor la, bool norm, bool cg) {
+      return log_lik_backward_cuda(g, c, la, norm, cg);
+    };
+    return log_lik_with_grad_from_ops(log_lik_cuda, backward, counts, log_alpha, normalize);
+  }
+  counts = native_counts(counts);
+  log_alpha = torch::stable::contiguous(log_alpha);
+  Tensor out = torch::stable::new_empty(log_alpha, batch_shape(counts));  // every row written
+  Tensor grad_la = torch::stable::new_empty(log_alpha, log_alpha.sizes());
+  const cudaStream_t stream = current_stream(counts.get_device_index());
+  auto* o = static_cast<float*>(out.mutable_data_ptr());
+  auto* g = static_cast<float*>(grad_la.mutable_data_ptr());
+  DM_DISPATCH_NATIVE_COUNTS(counts.scalar_type(), [&] {
+    launch_with_grad<count_t>(counts, log_alpha, B, V, normalize, o, g, stream);
+  });
+  return {out, grad_la};
+}
+
+}  // namespace cuda
+}  // namespace dirmult

@@ -1,0 +1,144 @@
+// log_lik_with_grad: the rows' log-likelihoods and the gradient of their sum
+// with respect to log_alpha, from one read of the counts (shared float32
+// alpha, the table path).
+//
+// A training step reads the counts twice, once in the forward and once in
+// the backward, and at the large shapes both kernels are bound by those
+// reads. For the usual loss, a sum or mean of the rows, every row's weight
+// in the backward is the same number g, so the backward is g times the
+// gradient of the sum, which this kernel computes during the forward:
+//
+//   with_grad_kernel: column_backward_kernel's structure (a block owns 1024
+//   columns x a tile of rows, a thread keeps 4 columns' sums down the rows)
+//   with unit row weights, plus each row's lnpoch sum from a second table.
+//   Each warp writes its part of the row's lnpoch sum (Lpart) and count
+//   (Npart) for 128 columns; launch_column_finish sums them per row (the
+//   log-likelihoods) and finishes the gradient, in fixed orders.
+#pragma once
+
+#include "backward_kernels.cuh"
+#include "cuda_utils.cuh"
+#include "dirmult/math.h"
+#include "table_kernels.cuh"
+
+namespace dirmult {
+namespace cuda {
+
+// Shared memory: the block's slices of both tables.
+constexpr size_t kWithGradSmemBytes = 2 * kTableSmemBytes;
+
+// grid (col_chunks, row_tiles); kGroups x 256 threads: group g takes the
+// tile's row batches g, g + kGroups, ... (more warps per SM: with two table
+// slices only one block fits). Cpart: (row_tiles * kGroups, V).
+// Npart, Lpart: (B, col_chunks, kColWarps). tables: the kBoth table.
+template <typename count_t, int kGroups>
+__global__ void __launch_bounds__(kColThreads * kGroups, 1)
+    with_grad_kernel(const count_t* __restrict__ counts, const ColumnAlpha<float>* __restrict__ cols,
+                     const float* __restrict__ lnp_table, const float* __restrict__ adp_table,
+                     int64_t B, int64_t V, ColumnTiling tiling, bool aligned, bool normalize,
+                     double* __restrict__ Cpart, double* __restrict__ Npart,
+                     double* __restrict__ Lpart) {
+  static_assert(kColsPerBlock == kTableChunk, "the table slot layout is per 1024 columns");
+  const int t = threadIdx.x % kColThreads, group = threadIdx.x / kColThreads;
+  const int lane = t & 31, warp = t >> 5;
+  const int64_t v0 = blockIdx.x * static_cast<int64_t>(kColsPerBlock) + 4 * t;
+  const int64_t b_begin = blockIdx.y * tiling.rows_per_tile;
+  const int64_t b_end = min(B, b_begin + tiling.rows_per_tile);
+  const int64_t n_parts = tiling.col_chunks * kColWarps;  // Npart / Lpart entries per row
+  const int64_t part = blockIdx.x * kColWarps + warp;
+
+  extern __shared__ float tabs[];  // [lnpoch slice | alpha dpoch slice]
+  stage_table_slice(tabs, lnp_table, blockIdx.x);  // columns past V: entry 0 (= 0)
+  stage_table_slice(tabs + kChunkFloats, adp_table, blockIdx.x);
+  const float* lq = tabs + t;  // table_slot(4 t + j, n) = n * 1024 + j * 256 + t
+  const float* aq = tabs + kChunkFloats + t;
+
+  double acc[4] = {0.0, 0.0, 0.0, 0.0};
+  const count_t* base = counts + v0;
+  const int64_t v_end = V - v0;  // columns left from v0
+  for (int64_t b0 = b_begin + group * kRowBatch; b0 < b_end; b0 += kGroups * kRowBatch) {
+    float n[kRowBatch][4];
+    double unused[kRowBatch][4];
+#pragma unroll
+    for (int i = 0; i < kRowBatch; ++i) {
+      if (b0 + i < b_end && v_end > 0) {
+        load_counts<float, count_t>(base + (b0 + i) * V, 0, v_end, aligned, n[i], unused[i]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) n[i][j] = 0.0f;
+      }
+    }
+    // The branch-free lookups (see forward_table_kernel): a count off the
+    // table looks up entry 0 and is marked rare (bit 4 i + j).
+    unsigned rare = 0;
+    double row_l[kRowBatch];  // this thread's part of each row's lnpoch sum
+    int row_n[kRowBatch];     // and of its table counts
+    float acc_batch[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int i = 0; i < kRowBatch; ++i) {
+      float l = 0.0f;  // 4 terms in float, then float64
+      row_n[i] = 0;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        int idx;
+        const bool hit = table_index(n[i][j], idx);
+        idx = hit ? idx : 0;
+        row_n[i] += idx;
+        rare |= hit ? 0u : 1u << (4 * i + j);
+        l += lq[idx * kTableChunk + j * (kTableChunk / 4)];
+        acc_batch[j] += aq[idx * kTableChunk + j * (kTableChunk / 4)];
+      }
+      row_l[i] = static_cast<double>(l);
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) acc[j] += static_cast<double>(acc_batch[j]);
+    // Non-integer, large or bad counts: one rolled copy of the math path, out
+    // of the unrolled loops. A bad count makes its row's sums NaN (and so the
+    // gradient, through N).
+    double rare_n[kRowBatch];
+#pragma unroll
+    for (int i = 0; i < kRowBatch; ++i) rare_n[i] = 0.0;
+    const bool any_rare = __any_sync(0xffffffffu, rare != 0);
+#pragma unroll 1
+    while (rare != 0) {
+      const int e = __ffs(static_cast<int>(rare)) - 1;
+      rare &= rare - 1;
+      const int i = e >> 2, j = e & 3;
+      const count_t c = base[(b0 + i) * V + j];
+      const float x = static_cast<float>(c);
+      double l = NAN, cnt = NAN, d = 0.0;
+      if (is_valid_count(x)) {
+        const ColumnAlpha<float> cl = cols[v0 + j];
+        l = static_cast<double>(lnpoch(cl.factors(), cl.a, cl.log_a, x));
+        if (normalize) l -= static_cast<double>(log_factorial(x));
+        cnt = static_cast<double>(c);  // exact, float64 counts included
+        d = static_cast<double>(adpoch(cl.factors(), cl.a, x));
+      }
+      // Constant indices only: the arrays stay in registers.
+#pragma unroll
+      for (int ii = 0; ii < kRowBatch; ++ii) {
+        row_l[ii] += ii == i ? l : 0.0;
+        rare_n[ii] += ii == i ? cnt : 0.0;
+      }
+#pragma unroll
+      for (int jj = 0; jj < 4; ++jj) acc[jj] += jj == j ? d : 0.0;
+    }
+    // Lane l ends with the sums of the batch's row l / 4.
+    const double L = warp_transposed_sums(row_l);
+    double N = static_cast<double>(warp_transposed_sums(row_n));
+    if (any_rare) N += warp_transposed_sums(rare_n);
+    const int64_t b = b0 + (lane >> 2);
+    if ((lane & 3) == 0 && b < b_end) {
+      Lpart[b * n_parts + part] = L;
+      Npart[b * n_parts + part] = N;
+    }
+  }
+  const int64_t tile = static_cast<int64_t>(blockIdx.y) * kGroups + group;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    if (v0 + j < V) Cpart[tile * V + v0 + j] = acc[j];
+  }
+}
+
+}  // namespace cuda
+}  // namespace dirmult

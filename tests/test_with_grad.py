@@ -1,0 +1,188 @@
+"""dirmult::log_lik_with_grad (the forward and the gradient of the rows' sum
+in one read of the counts) against float64, and the autograd single pass
+that uses it: a sum of the rows takes the saved gradient, any other
+incoming gradient the full backward."""
+import pytest
+import torch
+
+import dirmult_ext
+from dirmult_ext import _ops
+
+from reference import log_lik_float64
+from test_values import random_counts
+
+with_grad = torch.ops.dirmult.log_lik_with_grad.default
+
+
+def _grad_of_sum_float64(counts, log_alpha, normalize, weights=None):
+    la = log_alpha.detach().double().cpu().requires_grad_()
+    out = log_lik_float64(counts, la, normalize)
+    w = torch.ones_like(out) if weights is None else weights.double().cpu()
+    g, = torch.autograd.grad((out * w).sum(), la)
+    return g
+
+
+def _magnitudes(counts, log_alpha):
+    """Float32 results are accurate relative to the size of the terms they
+    sum, not of the sum (large counts make large, cancelling terms): per row,
+    sum_v |lnpoch(a_v, n_v)| + |lnpoch(A, N)|; per column, sum_b |a_v
+    dpoch(a_v, n_bv)| + a_v sum_b |dpoch(A, N_b)|."""
+    n = counts.detach().double().cpu().reshape(-1, counts.shape[-1])
+    a = log_alpha.detach().double().cpu().exp()
+    A, N = a.sum(), n.sum(-1)
+    rows = ((torch.lgamma(n + a) - torch.lgamma(a)).abs().sum(-1)
+            + (torch.lgamma(N + A) - torch.lgamma(A)).abs())
+    cols = ((a * (torch.digamma(n + a) - torch.digamma(a))).abs().sum(0)
+            + a * (torch.digamma(N + A) - torch.digamma(A)).abs().sum())
+    return rows.reshape(counts.shape[:-1]), cols
+
+
+def _rel(x, ref, scale=None):
+    """Largest error relative to `scale` (default: the largest |ref|, at least 1)."""
+    if scale is None:
+        scale = ref.abs().max().clamp_min(1.0)
+    return ((x.double().cpu() - ref).abs() / scale.clamp_min(1.0)).max().item()
+
+
+def _mixed_counts(B, V, device, dtype):
+    """Mostly small integers, with counts off the table: large, non-integer
+    (float dtypes) and zero rows."""
+    counts = random_counts((B, V), torch.float64, "cpu", high=12)
+    big = torch.rand(B, V) < 0.02
+    counts[big] = torch.randint(17, 5000, (int(big.sum()),)).double()
+    if dtype.is_floating_point:
+        frac = torch.rand(B, V) < 0.02
+        counts[frac] += torch.rand(int(frac.sum())).double()
+    counts[min(3, B - 1)] = 0
+    if dtype == torch.uint8:
+        counts = counts.clamp(max=255).floor()
+    elif not dtype.is_floating_point:
+        counts = counts.floor()
+    return counts.to(dtype=dtype, device=device)
+
+
+# Shapes around the CUDA kernel's limits: fewer rows than the single pass
+# serves (op falls back), one row batch, column counts that are not a
+# multiple of 4 or of the 1024-column chunk, several chunks, rows tiled.
+@pytest.mark.parametrize("B,V", [(5, 33), (40, 7), (64, 1024), (333, 1031), (97, 2500),
+                                 (2100, 130)])
+@pytest.mark.parametrize("normalize", [False, True])
+def test_values_and_gradient_match_float64(device, B, V, normalize):
+    counts = _mixed_counts(B, V, device, torch.float32)
+    la = torch.empty(V).uniform_(-4, 5).to(device)
+    out, grad = with_grad(counts, la, normalize)
+    assert out.shape == (B,) and grad.shape == (V,)
+    assert out.dtype == grad.dtype == torch.float32
+    rows, cols = _magnitudes(counts, la)
+    assert _rel(out, log_lik_float64(counts, la, normalize), rows) < 2e-6
+    assert _rel(grad, _grad_of_sum_float64(counts, la, normalize), cols) < 2e-6
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.int64, torch.int32, torch.uint8,
+                                   torch.float16])
+def test_count_dtypes(device, dtype):
+    B, V = 70, 300
+    counts = _mixed_counts(B, V, device, dtype)
+    compute = torch.float64 if dtype == torch.float64 else torch.float32
+    la = torch.empty(V, dtype=compute).uniform_(-3, 4).to(device)
+    out, grad = with_grad(counts, la, False)
+    tol = 1e-12 if compute == torch.float64 else 2e-6
+    rows, cols = _magnitudes(counts, la)
+    assert _rel(out, log_lik_float64(counts, la), rows) < tol
+    assert _rel(grad, _grad_of_sum_float64(counts, la, False), cols) < tol
+
+
+def test_batch_dims_and_empty(device):
+    counts = _mixed_counts(6 * 11, 50, device, torch.float32).reshape(6, 11, 50)
+    la = torch.randn(50, device=device)
+    out, grad = with_grad(counts, la, False)
+    assert out.shape == (6, 11)
+    rows, cols = _magnitudes(counts, la)
+    assert _rel(out, log_lik_float64(counts, la), rows) < 2e-6
+    assert _rel(grad, _grad_of_sum_float64(counts.reshape(-1, 50), la, False), cols) < 2e-6
+    out, grad = with_grad(counts[:0], la, False)
+    assert out.shape == (0, 11) and torch.equal(grad, torch.zeros_like(la))
+
+
+def test_bad_counts_give_nan_rows_and_gradient(device):
+    counts = _mixed_counts(64, 300, device, torch.float32)
+    counts[5, 7] = -1.0
+    counts[9, 250] = float("nan")
+    out, grad = with_grad(counts, torch.randn(300, device=device), False)
+    bad = torch.zeros(64, dtype=torch.bool)
+    bad[[5, 9]] = True
+    assert out.cpu()[bad].isnan().all() and out.cpu()[~bad].isfinite().all()
+    assert grad.isnan().all()  # a bad count poisons the gradient, as in the backward
+
+
+def test_argument_errors():
+    counts = random_counts((40, 8), torch.float32, "cpu")
+    with pytest.raises(RuntimeError, match="shared by all rows"):
+        with_grad(counts, torch.randn(40, 8), False)
+    with pytest.raises(RuntimeError, match="categories but counts has V=8"):
+        with_grad(counts, torch.randn(9), False)
+
+
+def test_deterministic(device):
+    counts = _mixed_counts(500, 1500, device, torch.float32)
+    la = torch.randn(1500, device=device)
+    a = with_grad(counts, la, True)
+    b = with_grad(counts, la, True)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+# ----------------------------------------------------- the autograd single pass
+def _autograd_case(device, B=300, V=700):
+    counts = _mixed_counts(B, V, device, torch.float32)
+    la = torch.empty(V).uniform_(-3, 3).to(device).requires_grad_()
+    return counts, la
+
+
+@pytest.mark.parametrize("loss", ["sum", "scaled_sum", "weighted", "mean", "batch_sum"])
+def test_gradient_through_autograd_matches_float64(device, loss):
+    counts, la = _autograd_case(device)
+    out = dirmult_ext.log_lik(counts, la)
+    weights = None
+    if loss == "sum":
+        total = out.sum()
+    elif loss == "scaled_sum":
+        total = -0.25 * out.sum()
+        weights = torch.full((out.numel(),), -0.25)
+    elif loss == "weighted":
+        weights = torch.rand(out.numel())
+        total = (out * weights.to(device)).sum()
+    elif loss == "mean":
+        total = out.mean()
+        weights = torch.full((out.numel(),), 1.0 / out.numel())
+    else:  # rows in a (3, 100) batch, the gradient of the sum still expanded
+        out = dirmult_ext.log_lik(counts.reshape(3, 100, -1), la)
+        total = out.sum()
+    g, = torch.autograd.grad(total, la)
+    ref = _grad_of_sum_float64(counts, la, False, weights)
+    scale = 1.0 if weights is None else weights.abs().max()
+    assert _rel(g, ref, scale * _magnitudes(counts, la)[1]) < 2e-6
+
+
+def test_single_pass_is_taken_where_it_applies(device):
+    counts, la = _autograd_case(device)
+    ll = dirmult_ext.log_lik(counts, la)
+    saved = ll.grad_fn.grad_of_sum
+    assert (saved is not None) == (device.type == "cuda")
+    if saved is not None:
+        # The saved gradient is the gradient of the sum, bit for bit what the
+        # backward returns for it.
+        g, = torch.autograd.grad(ll.sum(), la)
+        assert torch.equal(g, saved)
+    # Not where counts need a gradient, or under no_grad.
+    fcounts = counts.clone().requires_grad_()
+    assert dirmult_ext.log_lik(fcounts, la).grad_fn.grad_of_sum is None
+    with torch.no_grad():
+        assert dirmult_ext.log_lik(counts, la).grad_fn is None
+
+
+def test_uniform_gradient_detection():
+    assert _ops._is_uniform(torch.ones(()).expand(7))
+    assert _ops._is_uniform(torch.ones(()).expand(3, 4))
+    assert _ops._is_uniform(torch.ones(1))
+    assert not _ops._is_uniform(torch.ones(7))
+    assert not _ops._is_uniform(torch.ones(3, 1).expand(3, 4))
