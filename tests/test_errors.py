@@ -60,6 +60,12 @@ def test_direct_op_errors_name_the_problem(device):
     with pytest.raises(RuntimeError, match="counts must be float32"):
         torch.ops.dirmult.log_lik(torch.ones(3, 5, dtype=torch.bool, device=device),
                                   torch.zeros(5, device=device), False)
+    with pytest.raises(RuntimeError, match="shared by all rows"):
+        torch.ops.dirmult.log_lik_with_grad(torch.ones(40, 8, device=device),
+                                            torch.zeros(40, 8, device=device), False)
+    with pytest.raises(RuntimeError, match="categories but counts has V=8"):
+        torch.ops.dirmult.log_lik_with_grad(torch.ones(40, 8, device=device),
+                                            torch.zeros(9, device=device), False)
 
 
 @pytest.mark.skipif(not (torch.cuda.is_available() and dirmult_ext.CUDA_KERNELS),

@@ -196,16 +196,19 @@ __global__ void __launch_bounds__(kColThreads, kTable ? 3 : 1)
 
 // Wpart[k, blk] = sum over the block's rows b of w[b, k] = G[b, k] dpoch(A_k,
 // N_b), N_b the sum of Npart[b, 0 .. parts) in a fixed order; grid
-// (row_weights_blocks, K). A thread per row for a few parts per row, a block
-// per row (its threads splitting the parts) for many. The block's rows are
-// summed in a fixed order, and column_finish_kernel sums the block partials
-// in order: S_k = sum_b w[b, k] without a launch of its own, bitwise
-// reproducible.
+// (row_weights_blocks, K). A row's parts are summed by a thread (few parts),
+// a warp or the whole block (many), rows_per_weight_block rows per block;
+// the row's first thread finishes it. The block's rows are summed in a fixed
+// order, and column_finish_kernel sums the block partials in order: S_k =
+// sum_b w[b, k] without a launch of its own, bitwise reproducible.
 constexpr int kWeightThreads = 256;
 constexpr int64_t kMaxPartsPerThread = 32;
+constexpr int64_t kMaxPartsPerWarp = 32 * 32;
 
 __host__ __device__ inline int64_t rows_per_weight_block(int64_t parts) {
-  return parts <= kMaxPartsPerThread ? kWeightThreads : 1;
+  return parts <= kMaxPartsPerThread ? kWeightThreads
+         : parts <= kMaxPartsPerWarp ? kWeightThreads / 32
+                                     : 1;
 }
 
 inline int64_t row_weights_blocks(int64_t B, int64_t parts) {
@@ -238,29 +241,25 @@ __global__ void __launch_bounds__(kWeightThreads)
                        scalar_t* __restrict__ out) {
   __shared__ double warp_sums[kWeightThreads / 32];
   const int k = blockIdx.y;
-  const bool per_thread = parts <= kMaxPartsPerThread;
-  // A thread per row (few parts), or a block per row (its threads split the parts).
-  const int64_t b = per_thread ? static_cast<int64_t>(blockIdx.x) * kWeightThreads + threadIdx.x
-                               : static_cast<int64_t>(blockIdx.x);
+  const int64_t rows = rows_per_weight_block(parts);
+  const int lanes = static_cast<int>(kWeightThreads / rows);  // threads per row: 1, 32 or 256
+  const int64_t b = static_cast<int64_t>(blockIdx.x) * rows + threadIdx.x / lanes;
+  const int sub = static_cast<int>(threadIdx.x) % lanes;
   double N = 0.0, L = 0.0;
-  bool mine = b < B;
-  if (per_thread) {
-    if (mine) {
-      for (int64_t p = 0; p < parts; ++p) N += Npart[b * parts + p];
-      if (Lpart != nullptr) {
-        for (int64_t p = 0; p < parts; ++p) L += Lpart[b * parts + p];
-      }
+  if (b < B) {
+    for (int64_t p = sub; p < parts; p += lanes) {
+      N += Npart[b * parts + p];
+      if (Lpart != nullptr) L += Lpart[b * parts + p];
     }
-  } else {
-    double n_part = 0.0, l_part = 0.0;
-    for (int64_t p = threadIdx.x; p < parts; p += kWeightThreads) {
-      n_part += Npart[b * parts + p];
-      if (Lpart != nullptr) l_part += Lpart[b * parts + p];
-    }
-    N = block_sum(n_part, warp_sums);
-    if (Lpart != nullptr) L = block_sum(l_part, warp_sums);
-    mine = threadIdx.x == 0;
   }
+  if (lanes == 32) {  // b is the same in the whole warp: every lane takes part
+    N = warp_sum(N);
+    if (Lpart != nullptr) L = warp_sum(L);
+  } else if (lanes == kWeightThreads) {
+    N = block_sum(N, warp_sums);
+    if (Lpart != nullptr) L = block_sum(L, warp_sums);
+  }
+  const bool mine = b < B && sub == 0;
   double w = 0.0;
   if (mine) {
     const double A = alpha_total(Apart, k, nblk_alpha);
