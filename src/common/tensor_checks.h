@@ -89,6 +89,13 @@ inline void check_components(const Tensor& counts, const Tensor& log_alpha) {
   check_same_device(counts, "counts", log_alpha, "log_alpha");
 }
 
+// t itself when already contiguous: a cheap query instead of a dispatcher
+// call (aten::contiguous through the stable ABI costs microseconds per call,
+// a large part of a small problem's time).
+inline Tensor as_contiguous(const Tensor& t) {
+  return t.is_contiguous() ? t : torch::stable::contiguous(t);
+}
+
 inline std::vector<int64_t> batch_shape(const Tensor& counts) {
   std::vector<int64_t> shape;
   for (int64_t d = 0; d + 1 < counts.dim(); ++d) shape.push_back(counts.size(d));

@@ -65,8 +65,8 @@ bool gather_row(const count_t* row, int64_t V, std::vector<int64_t>& idx,
 
 Tensor log_lik_components_cpu(Tensor counts, Tensor log_alpha, bool normalize) {
   check_components(counts, log_alpha);
-  counts = torch::stable::contiguous(counts);
-  log_alpha = torch::stable::contiguous(log_alpha);
+  counts = as_contiguous(counts);
+  log_alpha = as_contiguous(log_alpha);
   const int64_t B = counts.size(0), V = counts.size(1), K = log_alpha.size(0);
   Tensor out = torch::stable::new_empty(log_alpha, {B, K});
   if (out.numel() == 0) return out;
@@ -106,9 +106,9 @@ Tensor log_lik_components_cpu(Tensor counts, Tensor log_alpha, bool normalize) {
 
 Tensor log_lik_components_backward_cpu(Tensor grad, Tensor counts, Tensor log_alpha) {
   check_components_backward(grad, counts, log_alpha);
-  counts = torch::stable::contiguous(counts);
-  log_alpha = torch::stable::contiguous(log_alpha);
-  grad = torch::stable::contiguous(grad);
+  counts = as_contiguous(counts);
+  log_alpha = as_contiguous(log_alpha);
+  grad = as_contiguous(grad);
   const int64_t B = counts.size(0), V = counts.size(1), K = log_alpha.size(0);
   Tensor grad_la = torch::stable::new_zeros(log_alpha, log_alpha.sizes());
   if (B == 0 || V == 0 || K == 0) return grad_la;

@@ -329,8 +329,8 @@ void backward_rows(const scalar_t* grad, const count_t* counts,
 
 Tensor log_lik_cpu(Tensor counts, Tensor log_alpha, bool normalize) {
   const bool shared = check_log_alpha(counts, log_alpha);
-  counts = torch::stable::contiguous(counts);
-  log_alpha = torch::stable::contiguous(log_alpha);
+  counts = as_contiguous(counts);
+  log_alpha = as_contiguous(log_alpha);
   const int64_t V = counts.size(counts.dim() - 1);
   const int64_t B = num_rows(counts);
   Tensor out = torch::stable::new_empty(log_alpha, batch_shape(counts));
@@ -351,9 +351,9 @@ std::tuple<Tensor, Tensor> log_lik_backward_cpu(Tensor grad, Tensor counts,
                                                 bool normalize,
                                                 bool counts_grad) {
   const bool shared = check_log_lik_backward(grad, counts, log_alpha);
-  counts = torch::stable::contiguous(counts);
-  log_alpha = torch::stable::contiguous(log_alpha);
-  grad = torch::stable::contiguous(grad);
+  counts = as_contiguous(counts);
+  log_alpha = as_contiguous(log_alpha);
+  grad = as_contiguous(grad);
   const int64_t V = counts.size(counts.dim() - 1);
   const int64_t B = num_rows(counts);
   Tensor grad_la = torch::stable::new_zeros(log_alpha, log_alpha.sizes());
@@ -392,8 +392,8 @@ std::tuple<Tensor, Tensor> poch_terms_cpu(Tensor log_alpha, Tensor n) {
                   "dirmult: poch_terms takes float32/float64 log_alpha and n of one dtype");
   STD_TORCH_CHECK(log_alpha.numel() == n.numel(),
                   "dirmult: poch_terms needs log_alpha and n of one size");
-  log_alpha = torch::stable::contiguous(log_alpha);
-  n = torch::stable::contiguous(n);
+  log_alpha = as_contiguous(log_alpha);
+  n = as_contiguous(n);
   Tensor lnp = torch::stable::empty_like(log_alpha);
   Tensor adp = torch::stable::empty_like(log_alpha);
   DM_DISPATCH_COMPUTE(log_alpha.scalar_type(), [&] {

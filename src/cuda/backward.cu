@@ -155,8 +155,8 @@ std::tuple<Tensor, Tensor> log_lik_backward_cuda(Tensor grad, Tensor counts, Ten
   const bool shared = check_log_lik_backward(grad, counts, log_alpha);
   torch::stable::accelerator::DeviceGuard guard(counts.get_device_index());
   counts = native_counts(counts);
-  log_alpha = torch::stable::contiguous(log_alpha);
-  grad = torch::stable::contiguous(grad);
+  log_alpha = as_contiguous(log_alpha);
+  grad = as_contiguous(grad);
   const int64_t V = counts.size(counts.dim() - 1);
   const int64_t B = num_rows(counts);
   const std::vector<int64_t> grad_counts_shape = counts_grad_shape(counts, counts_grad);
@@ -195,8 +195,8 @@ Tensor log_lik_components_backward_cuda(Tensor grad, Tensor counts, Tensor log_a
   check_components_backward(grad, counts, log_alpha);
   torch::stable::accelerator::DeviceGuard guard(counts.get_device_index());
   counts = native_counts(counts);
-  log_alpha = torch::stable::contiguous(log_alpha);
-  grad = torch::stable::contiguous(grad);
+  log_alpha = as_contiguous(log_alpha);
+  grad = as_contiguous(grad);
   const int64_t B = counts.size(0), V = counts.size(1);
   const int K = static_cast<int>(log_alpha.size(0));
   if (B == 0 || V == 0 || K == 0) return torch::stable::new_zeros(log_alpha, log_alpha.sizes());

@@ -177,7 +177,7 @@ Tensor log_lik_cuda(Tensor counts, Tensor log_alpha, bool normalize) {
   const bool shared = check_log_alpha(counts, log_alpha);
   torch::stable::accelerator::DeviceGuard guard(counts.get_device_index());
   counts = native_counts(counts);
-  log_alpha = torch::stable::contiguous(log_alpha);
+  log_alpha = as_contiguous(log_alpha);
   const int64_t V = counts.size(counts.dim() - 1);
   const int64_t B = num_rows(counts);
   if (B == 0 || V == 0) return torch::stable::new_zeros(log_alpha, batch_shape(counts));
@@ -200,7 +200,7 @@ Tensor log_lik_components_cuda(Tensor counts, Tensor log_alpha, bool normalize) 
   check_components(counts, log_alpha);
   torch::stable::accelerator::DeviceGuard guard(counts.get_device_index());
   counts = native_counts(counts);
-  log_alpha = torch::stable::contiguous(log_alpha);
+  log_alpha = as_contiguous(log_alpha);
   const int64_t B = counts.size(0), V = counts.size(1);
   const int K = static_cast<int>(log_alpha.size(0));
   if (B == 0 || V == 0 || K == 0) {

@@ -64,7 +64,7 @@ std::tuple<Tensor, Tensor> log_lik_with_grad_cuda(Tensor counts, Tensor log_alph
     return log_lik_with_grad_from_ops(log_lik_cuda, backward, counts, log_alpha, normalize);
   }
   counts = native_counts(counts);
-  log_alpha = torch::stable::contiguous(log_alpha);
+  log_alpha = as_contiguous(log_alpha);
   Tensor out = torch::stable::new_empty(log_alpha, batch_shape(counts));  // every row written
   Tensor grad_la = torch::stable::new_empty(log_alpha, log_alpha.sizes());
   const cudaStream_t stream = current_stream(counts.get_device_index());

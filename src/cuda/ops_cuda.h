@@ -55,12 +55,12 @@ inline Tensor native_counts(const Tensor& counts) {
   switch (counts.scalar_type()) {
     case ScalarType::Int:
     case ScalarType::Long:
-      return torch::stable::contiguous(torch::stable::to(counts, ScalarType::Double));
+      return as_contiguous(torch::stable::to(counts, ScalarType::Double));
     case ScalarType::Half:
     case ScalarType::BFloat16:
-      return torch::stable::contiguous(torch::stable::to(counts, ScalarType::Float));
+      return as_contiguous(torch::stable::to(counts, ScalarType::Float));
     default:
-      return torch::stable::contiguous(counts);
+      return as_contiguous(counts);
   }
 }
 

@@ -24,8 +24,8 @@ std::tuple<Tensor, Tensor> poch_terms_cuda(Tensor alpha, Tensor n) {
   STD_TORCH_CHECK(alpha.numel() == n.numel(), "dirmult: poch_terms needs alpha and n of one size");
   check_same_device(alpha, "alpha", n, "n");
   torch::stable::accelerator::DeviceGuard guard(alpha.get_device_index());
-  alpha = torch::stable::contiguous(alpha);
-  n = torch::stable::contiguous(n);
+  alpha = as_contiguous(alpha);
+  n = as_contiguous(n);
   Tensor lnp = torch::stable::empty_like(alpha);
   Tensor adp = torch::stable::empty_like(alpha);
   const int64_t size = alpha.numel();
