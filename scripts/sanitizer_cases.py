@@ -25,7 +25,10 @@ def case(B, V, dtype=torch.float32, shared=True, counts_grad=False, K=None, weig
         if counts_grad:
             counts.requires_grad_()
         out = dirmult_ext.log_lik(counts, la, normalize=True)
-        loss = (out * torch.rand_like(out)).sum() if weighted else out.sum()
+        w = torch.rand_like(out)
+        if weighted == "masked":
+            w[8:24] = 0.0  # whole zero-weight batches: skipped unread
+        loss = (out * w).sum() if weighted else out.sum()
         torch.autograd.grad(loss, [la, counts] if counts_grad else [la])
         ref = dirmult_ext.log_lik(counts.detach().cpu(), la.detach().cpu(), normalize=True)
     torch.cuda.synchronize()
@@ -39,6 +42,8 @@ if __name__ == "__main__":
     case(37, 256, weighted=True)    # the same three through the backward kernels
     case(40, 1500, weighted=True)
     case(36, 700, torch.int64, weighted=True)
+    case(37, 1500, weighted="masked")
+    case(30, 300, torch.float64, weighted="masked")
     case(33, 301, torch.uint8)      # single pass: scalar loads, 1-byte counts
     case(52001, 37)                 # forward table kernel, two rows per warp
     case(5, 301)                    # scalar loads (V % 4 != 0)

@@ -21,15 +21,20 @@ def _fwd_bwd(counts, la):
     return out, g
 
 
-def test_no_host_synchronization():
+def test_no_host_synchronization(monkeypatch):
+    from dirmult_ext import _ops
+    monkeypatch.setattr(_ops, "_DEVICE_CHECK_MIN_COUNTS", 0)  # the mean's device-side check
     counts = random_counts((300, 3000), torch.float32, "cuda")
     la = torch.randn(3000, device="cuda", requires_grad=True)
     la_k = torch.randn(4, 3000, device="cuda", requires_grad=True)
     _fwd_bwd(counts, la)  # warm-up (allocator, library loads)
+    torch.autograd.grad(dirmult_ext.log_lik(counts, la).mean(), la)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
         _fwd_bwd(counts, la)
+        torch.autograd.grad(dirmult_ext.log_lik(counts, la).mean(), la)
+        torch.autograd.grad(dirmult_ext.log_lik(counts, la), la, torch.rand(300, device="cuda"))
         out = dirmult_ext.log_lik_components(counts, la_k)
         torch.autograd.grad(out.sum(), la_k)
     finally:

@@ -130,8 +130,14 @@ def _autograd_case(device, B=300, V=700):
     return counts, la
 
 
-@pytest.mark.parametrize("loss", ["sum", "scaled_sum", "weighted", "mean", "batch_sum"])
-def test_gradient_through_autograd_matches_float64(device, loss):
+@pytest.mark.parametrize("loss", ["sum", "scaled_sum", "weighted", "mean", "batch_sum",
+                                  "masked", "uniform_weights"])
+@pytest.mark.parametrize("check_on_device", [False, True])
+def test_gradient_through_autograd_matches_float64(device, loss, check_on_device, monkeypatch):
+    # Small problems skip the device-side uniformity check; lower the bar so
+    # that both routes of a dense incoming gradient are tested.
+    if check_on_device:
+        monkeypatch.setattr(_ops, "_DEVICE_CHECK_MIN_COUNTS", 0)
     counts, la = _autograd_case(device)
     out = dirmult_ext.log_lik(counts, la)
     weights = None
@@ -146,6 +152,12 @@ def test_gradient_through_autograd_matches_float64(device, loss):
     elif loss == "mean":
         total = out.mean()
         weights = torch.full((out.numel(),), 1.0 / out.numel())
+    elif loss == "masked":  # most rows weigh 0 (skipped unread), the rest 1
+        weights = (torch.rand(out.numel()) < 0.1).float()
+        total = (out * weights.to(device)).sum()
+    elif loss == "uniform_weights":  # dense, every weight the same
+        weights = torch.full((out.numel(),), 0.3)
+        total = (out * weights.to(device)).sum()
     else:  # rows in a (3, 100) batch, the gradient of the sum still expanded
         out = dirmult_ext.log_lik(counts.reshape(3, 100, -1), la)
         total = out.sum()
@@ -178,3 +190,41 @@ def test_uniform_gradient_detection():
     assert _ops._is_uniform(torch.ones(1))
     assert not _ops._is_uniform(torch.ones(7))
     assert not _ops._is_uniform(torch.ones(3, 1).expand(3, 4))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("B,V", [(70, 300), (6, 3000)])
+def test_zero_weight_rows_do_not_enter_the_gradient(device, dtype, B, V):
+    """A row whose incoming gradient is 0 is skipped, bad counts and all (no
+    0 * NaN): masked rows of bad data leave the gradient finite."""
+    counts = _mixed_counts(B, V, device, dtype)
+    la = torch.empty(V, dtype=dtype).uniform_(-3, 3).to(device).requires_grad_()
+    weights = (torch.rand(B) < 0.5).to(dtype)
+    weights[0], weights[1] = 0.0, 1.0
+    bad = counts.clone()
+    bad[0, 3] = float("nan")
+    bad[weights.to(device) == 0, 5] = -2.0
+    out = dirmult_ext.log_lik(bad, la)
+    assert out[0].isnan().item()
+    g, = torch.autograd.grad(out, la, weights.to(device))
+    assert g.isfinite().all()
+    ref = _grad_of_sum_float64(counts[weights.to(device) == 1],
+                               la, False)
+    tol = 1e-10 if dtype == torch.float64 else 2e-6
+    assert _rel(g, ref, _magnitudes(counts[weights.to(device) == 1], la)[1]) < tol
+
+
+def test_zero_weight_rows_in_components(device):
+    counts = _mixed_counts(50, 40, device, torch.float32)
+    counts[7, 2] = float("nan")
+    la = torch.randn(3, 40, device=device, requires_grad=True)
+    weights = torch.rand(50, 3, device=device)
+    weights[7] = 0.0
+    out = dirmult_ext.log_lik_components(counts, la)
+    g, = torch.autograd.grad(out, la, weights)
+    keep = torch.arange(50, device=device) != 7
+    la2 = la.detach().clone().requires_grad_()
+    g_ref, = torch.autograd.grad(dirmult_ext.log_lik_components(counts[keep], la2), la2,
+                                 weights[keep])
+    assert g.isfinite().all()
+    torch.testing.assert_close(g, g_ref, rtol=1e-5, atol=1e-4)

@@ -135,6 +135,7 @@ Tensor log_lik_components_backward_cpu(Tensor grad, Tensor counts, Tensor log_al
             const bool ok = gather_row<scalar_t, count_t>(n + b * V, V, idx, val, N);
             for (int64_t k = 0; k < K; ++k) {
               const double gk = static_cast<double>(g[b * K + k]);
+              if (gk == 0.0) continue;  // zero_weight_rows (src/cuda/backward_kernels.cuh)
               for (size_t j = 0; j < idx.size(); ++j) {
                 const int64_t i = k * V + idx[j];
                 c[i] += gk * static_cast<double>(adpoch(tab.factors[i], tab.alpha[i], val[j]));

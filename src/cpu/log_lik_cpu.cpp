@@ -203,7 +203,8 @@ void row_totals(const count_t* counts, const scalar_t* la, bool shared,
 }
 
 // Shared alpha: grad_la[v] = sum_b g_b adpoch(a_v, n_bv) - a_v S,
-// S = sum_b g_b dpoch(A, N_b).
+// S = sum_b g_b dpoch(A, N_b). Rows with g_b = 0 are skipped, bad counts and
+// all (zero_weight_rows in src/cuda/backward_kernels.cuh).
 // backward_shared for a few long rows: the row totals by column chunks,
 // then the columns in parallel chunks, each summing its rows in order (the
 // same order, so the same bits, as one block of rows in backward_shared).
@@ -220,7 +221,8 @@ void backward_shared_few_rows(const scalar_t* grad, const count_t* counts,
       [&](int64_t b, const RowSums& r) { N[b] = r.ok ? r.N : kNaN; });
   double S = 0.0;
   for (int64_t b = 0; b < B; ++b) {
-    S += N[b] == N[b] ? static_cast<double>(grad[b]) * dpoch<double>(sa.total, N[b]) : kNaN;
+    const double g = static_cast<double>(grad[b]);
+    if (g != 0.0) S += N[b] == N[b] ? g * dpoch<double>(sa.total, N[b]) : kNaN;
   }
   if (!sa.finite) S = kNaN;
   torch::stable::parallel_for(0, V, kColumnChunk / 4, [&](int64_t v0, int64_t v1) {
@@ -228,7 +230,7 @@ void backward_shared_few_rows(const scalar_t* grad, const count_t* counts,
       double c = 0.0;
       for (int64_t b = 0; b < B; ++b) {
         const scalar_t n = static_cast<scalar_t>(counts[b * V + v]);
-        if (n == scalar_t(0)) continue;
+        if (n == scalar_t(0) || grad[b] == scalar_t(0)) continue;
         c += static_cast<double>(grad[b]) * static_cast<double>(term(v, n));
       }
       grad_la[v] = static_cast<scalar_t>(c - static_cast<double>(sa.alpha[v]) * S);
@@ -265,6 +267,7 @@ void backward_shared(const scalar_t* grad, const count_t* counts,
       for (int64_t b = k * rows_per; b < std::min(B, (k + 1) * rows_per); ++b) {
         const count_t* row = counts + b * V;
         const double g = static_cast<double>(grad[b]);
+        if (g == 0.0) continue;  // zero_weight_rows (src/cuda/backward_kernels.cuh)
         double N = 0.0;
         bool ok = true;
         for (int64_t v = 0; v < V; ++v) {

@@ -13,6 +13,13 @@
 //
 // Per-sample alpha and the counts gradient are elementwise once the row
 // totals are known: row_totals_kernel, then elementwise_backward_kernel.
+//
+// zero_weight_rows (shared and component alpha, CPU too): a row whose
+// incoming gradient is exactly 0 does not enter the gradient, even with bad
+// counts (no 0 * NaN), and column_backward_kernel does not read batches of
+// such rows. The autograd single pass relies on it: a backward with
+// gradient g = g_0 + (g - g_0) is g_0 times the saved gradient of the sum
+// plus a backward with weights g - g_0, all 0 (a mean) or mostly 0 (a mask).
 #pragma once
 
 #include "alpha_prep.cuh"
@@ -93,6 +100,21 @@ __global__ void __launch_bounds__(kColThreads, kTable ? 3 : 1)
   const int64_t v_end = V - v0;  // columns left from v0
   const float* tq = adp_tab + t;  // table_slot(4 t + j, n) = n * 1024 + j * 256 + t
   for (int64_t b0 = b_begin; b0 < b_end; b0 += kRowBatch) {
+    // A batch of rows whose incoming gradients are all 0 (every component:
+    // the row totals serve them all) is not read: zero_weight_rows.
+    bool zero_batch = true;
+#pragma unroll 1
+    for (int64_t i = 0; i < kRowBatch * static_cast<int64_t>(K); ++i) {
+      zero_batch = zero_batch && (b0 + i / K >= b_end || grad[b0 * K + i] == scalar_t(0));
+    }
+    if (zero_batch) {
+      if (row_totals && lane == 0) {
+        for (int64_t b = b0; b < min(b_end, b0 + kRowBatch); ++b) {
+          Npart[b * n_parts + blockIdx.x * kColWarps + warp] = 0.0;
+        }
+      }
+      continue;
+    }
     // All the batch's loads first, so several are in flight per thread.
     scalar_t n[kRowBatch][4];
     double exact[kRowBatch][4];
@@ -137,8 +159,9 @@ __global__ void __launch_bounds__(kColThreads, kTable ? 3 : 1)
           if (x == scalar_t(0)) continue;
           other_n += is_valid_count(x) ? exact[i][j] : NAN;
 #pragma unroll
-          for (int k = 0; k < KB; ++k) {
-            acc[k][j] += g[k] * static_cast<double>(adpoch(col[k][j].factors(), col[k][j].a, x));
+          for (int k = 0; k < KB; ++k) {  // (a zero-weight row's bad count stays out)
+            const double d = static_cast<double>(adpoch(col[k][j].factors(), col[k][j].a, x));
+            acc[k][j] += g[k] == 0.0 ? 0.0 : g[k] * d;
           }
         }
       }
@@ -264,7 +287,7 @@ __global__ void __launch_bounds__(kWeightThreads)
   if (mine) {
     const double A = alpha_total(Apart, k, nblk_alpha);
     const double g = grad != nullptr ? static_cast<double>(grad[b * K + k]) : 1.0;
-    w = g * dpoch<double>(A, N) + (N == N ? 0.0 : NAN);
+    w = g == 0.0 ? 0.0 : g * dpoch<double>(A, N) + (N == N ? 0.0 : NAN);  // zero_weight_rows
     if (Lpart != nullptr) out[b] = static_cast<scalar_t>(finish_row(L, N, 0.0, A, normalize));
   }
   w = block_sum(w, warp_sums);
