@@ -18,6 +18,25 @@ def log_lik_float64(counts, log_alpha, normalize=False):
     return out
 
 
+def magnitudes(counts, log_alpha, normalize=False):
+    """Float32 results are accurate relative to the size of the terms they
+    sum, not of the sum (large counts make large, cancelling terms; with V = 1
+    the terms cancel exactly): per row, sum_v |lnpoch(a_v, n_v)| + |lnpoch(A,
+    N)| [+ log N! + sum_v log n_v! when normalized]; per column (shared log_alpha), sum_b |a_v dpoch(a_v, n_bv)| + a_v
+    sum_b |dpoch(A, N_b)|."""
+    V = counts.shape[-1]
+    n = counts.detach().double().cpu().reshape(-1, V)
+    a = log_alpha.detach().double().cpu().exp().reshape(-1, V)
+    A, N = a.sum(-1), n.sum(-1)
+    rows = ((torch.lgamma(n + a) - torch.lgamma(a)).abs().sum(-1)
+            + (torch.lgamma(N + A) - torch.lgamma(A)).abs())
+    if normalize:
+        rows = rows + torch.lgamma(N + 1) + torch.lgamma(n + 1).sum(-1)
+    cols = ((a * (torch.digamma(n + a) - torch.digamma(a))).abs().sum(0)
+            + (a * (torch.digamma(N + A) - torch.digamma(A)).abs().unsqueeze(-1)).sum(0))
+    return rows.reshape(counts.shape[:-1]), cols
+
+
 def components_float64(counts, log_alpha, normalize=False):
     return torch.stack([log_lik_float64(counts, la, normalize) for la in log_alpha], dim=-1)
 

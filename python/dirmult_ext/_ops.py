@@ -181,22 +181,15 @@ def _is_uniform(grad) -> bool:
                                     zip(grad.stride(), grad.shape) if size > 1)
 
 
-# From this many counts, a backward whose gradient is dense (a mean, weights)
-# checks on the device whether it is uniform: a few more launches, against a
-# read of the counts saved when it is.
-_DEVICE_CHECK_MIN_COUNTS = 1 << 22
-
-
 class _LogLik(torch.autograd.Function):
     """log_lik with the registered formulas, plus the single pass: where it
     applies, the forward also computes the gradient of the rows' sum, and a
-    backward whose incoming gradient is one number g for every row returns g
-    times it instead of reading the counts again. Known uniform from the
-    strides (a sum of the rows): no device work but the scaling. Else, for
-    large problems, decided on the device: the backward kernels run with
-    zero weights when it is uniform (they skip zero-weight rows unread,
-    zero_weight_rows in src/cuda/backward_kernels.cuh) and the two results
-    are selected there; no host synchronization either way."""
+    backward whose incoming gradient is one number g for every row, as the
+    strides show it for a sum of the rows, returns g times it instead of
+    reading the counts again. Any other gradient (a mean arrives dense) takes
+    the backward kernels. (Deciding uniformity on the device instead, without
+    a synchronization, was measured slower on the H200 machine: its extra
+    launches cost more host time than the saved read; BENCHMARKS.md.)"""
 
     @staticmethod
     def forward(ctx, counts, log_alpha, normalize):
@@ -204,7 +197,6 @@ class _LogLik(torch.autograd.Function):
         with _BELOW_AUTOGRAD():
             if _single_pass_applies(ctx, counts, log_alpha):
                 out, ctx.grad_of_sum = ops.log_lik_with_grad.default(counts, log_alpha, normalize)
-                ctx.check_on_device = counts.numel() >= _DEVICE_CHECK_MIN_COUNTS
             else:
                 out = ops.log_lik.default(counts, log_alpha, normalize)
         _log_lik_setup(ctx, (counts, log_alpha, normalize), out)
@@ -212,17 +204,9 @@ class _LogLik(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        if ctx.grad_of_sum is None:
-            return _log_lik_backward(ctx, grad)
-        g0 = grad.reshape(-1)[0]
-        of_sum = ctx.grad_of_sum * g0
-        if _is_uniform(grad):
-            return None, of_sum, None
-        if not ctx.check_on_device:
-            return _log_lik_backward(ctx, grad)
-        uniform = (grad == g0).all()
-        _, full, _ = _log_lik_backward(ctx, torch.where(uniform, 0.0, grad))
-        return None, torch.where(uniform, of_sum, full), None
+        if ctx.grad_of_sum is not None and _is_uniform(grad):
+            return None, ctx.grad_of_sum * grad.reshape(-1)[0], None
+        return _log_lik_backward(ctx, grad)
 
 
 def _call(op, function, counts, log_alpha, normalize: bool):

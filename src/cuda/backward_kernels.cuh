@@ -17,9 +17,8 @@
 // zero_weight_rows (shared and component alpha, CPU too): a row whose
 // incoming gradient is exactly 0 does not enter the gradient, even with bad
 // counts (no 0 * NaN), and column_backward_kernel does not read batches of
-// such rows. The autograd single pass relies on it: a backward with
-// gradient g = g_0 + (g - g_0) is g_0 times the saved gradient of the sum
-// plus a backward with weights g - g_0, all 0 (a mean) or mostly 0 (a mask).
+// such rows (8 consecutive rows of weight 0 are skipped unread: a mask
+// that drops runs of rows saves their reads).
 #pragma once
 
 #include "alpha_prep.cuh"
