@@ -75,38 +75,6 @@ __device__ __forceinline__ void stage_component_tables(float* __restrict__ tab,
   __syncthreads();
 }
 
-// One level of warp_reduce_scatter: lanes exchange half of their S * 2
-// values with the lane S away, keeping the half that their bit S selects.
-// A template per level, so that every loop has a constant trip count and
-// unrolls fully: every index into v is then a constant and v stays in
-// registers (an index that is not a constant puts v in local memory;
-// `cuobjdump -res-usage` must show STACK:0 for the component kernels).
-template <int KB, int S>
-__device__ __forceinline__ void reduce_scatter_level(float (&v)[KB], int lane) {
-  if constexpr (S >= 1) {
-    const bool upper = (lane & S) != 0;
-#pragma unroll
-    for (int i = 0; i < S; ++i) {
-      const float send = upper ? v[i] : v[i + S];
-      const float keep = upper ? v[i + S] : v[i];
-      v[i] = keep + __shfl_xor_sync(0xffffffffu, send, S);
-    }
-    reduce_scatter_level<KB, S / 2>(v, lane);
-  }
-}
-
-// Sums v[k] over the warp for every k at once (a reduce-scatter: KB - 1
-// shuffles, not KB * 5). Returns, in lane l, the sum for k = l % KB.
-template <int KB>
-__device__ __forceinline__ float warp_reduce_scatter(float (&v)[KB], int lane) {
-  static_assert(KB >= 1 && KB <= 32 && (KB & (KB - 1)) == 0, "KB is a power of two");
-  reduce_scatter_level<KB, KB / 2>(v, lane);
-  float r = v[0];
-#pragma unroll
-  for (int o = KB; o < 32; o <<= 1) r += __shfl_xor_sync(0xffffffffu, r, o);
-  return r;
-}
-
 // Forward. grid (column slices, row groups, ceil(K / KB)); a warp per row.
 // Spart (B, slices, K): each (row, slice, component) sum of lnpoch terms.
 // Npart (B, slices): {N, -sum log n! of the counts off the table}, written by

@@ -103,29 +103,37 @@ __device__ __forceinline__ T warp_allsum(T x) {
   return x;
 }
 
-// kN sums over the warp at once (kN a power of two, at most 32): v[i] is
-// lane l's term of sum i. Each halving step trades half the values with the
-// lane `offset` away, so the kN sums cost kN - 1 + log2(32 / kN) shuffles
-// instead of 5 kN. Returns sum (lane / (32 / kN)), the same value in each of
-// that sum's 32 / kN lanes; the order of the additions is fixed.
-template <typename T, int kN>
-__device__ __forceinline__ T warp_transposed_sums(T (&v)[kN]) {
-  static_assert(kN >= 1 && kN <= 32 && (kN & (kN - 1)) == 0, "kN: a power of two up to 32");
-  const int lane = threadIdx.x & 31;
+// One level of warp_reduce_scatter: lanes exchange half of their S * 2
+// values with the lane S away, keeping the half that their bit S selects.
+// A template per level, so that every loop has a constant trip count and
+// unrolls fully: every index into v is then a constant and v stays in
+// registers (an index that is not a constant puts v in local memory;
+// `cuobjdump -res-usage` must show STACK:0 for the kernels that use it).
+template <int KB, int S, typename T>
+__device__ __forceinline__ void reduce_scatter_level(T (&v)[KB], int lane) {
+  if constexpr (S >= 1) {
+    const bool upper = (lane & S) != 0;
 #pragma unroll
-  for (int width = kN / 2, offset = 16; width >= 1; width /= 2, offset /= 2) {
-    const bool upper = (lane & offset) != 0;
-#pragma unroll
-    for (int i = 0; i < width; ++i) {
-      const T send = upper ? v[i] : v[i + width];
-      const T keep = upper ? v[i + width] : v[i];
-      v[i] = keep + __shfl_xor_sync(0xffffffffu, send, offset);
+    for (int i = 0; i < S; ++i) {
+      const T send = upper ? v[i] : v[i + S];
+      const T keep = upper ? v[i + S] : v[i];
+      v[i] = keep + __shfl_xor_sync(0xffffffffu, send, S);
     }
+    reduce_scatter_level<KB, S / 2, T>(v, lane);
   }
-  T x = v[0];
+}
+
+// Sums v[k] over the warp for every k at once (a reduce-scatter: KB - 1
+// shuffles, not KB * 5). Returns, in lane l, the sum for k = l % KB, the
+// same value in each of its 32 / KB lanes; the order of the additions is fixed.
+template <int KB, typename T>
+__device__ __forceinline__ T warp_reduce_scatter(T (&v)[KB], int lane) {
+  static_assert(KB >= 1 && KB <= 32 && (KB & (KB - 1)) == 0, "KB is a power of two");
+  reduce_scatter_level<KB, KB / 2, T>(v, lane);
+  T r = v[0];
 #pragma unroll
-  for (int offset = 16 / kN; offset > 0; offset /= 2) x += __shfl_xor_sync(0xffffffffu, x, offset);
-  return x;
+  for (int o = KB; o < 32; o <<= 1) r += __shfl_xor_sync(0xffffffffu, r, o);
+  return r;
 }
 
 // Streaming multiprocessors of the current device (cached per device).

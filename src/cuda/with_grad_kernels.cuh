@@ -123,12 +123,12 @@ __global__ void __launch_bounds__(kColThreads * kGroups, 1)
 #pragma unroll
       for (int jj = 0; jj < 4; ++jj) acc[jj] += jj == j ? d : 0.0;
     }
-    // Lane l ends with the sums of the batch's row l / 4.
-    const double L = warp_transposed_sums(row_l);
-    double N = static_cast<double>(warp_transposed_sums(row_n));
-    if (any_rare) N += warp_transposed_sums(rare_n);
-    const int64_t b = b0 + (lane >> 2);
-    if ((lane & 3) == 0 && b < b_end) {
+    // Lane l ends with the sums of the batch's row l % kRowBatch.
+    const double L = warp_reduce_scatter<kRowBatch>(row_l, lane);
+    double N = static_cast<double>(warp_reduce_scatter<kRowBatch>(row_n, lane));
+    if (any_rare) N += warp_reduce_scatter<kRowBatch>(rare_n, lane);
+    const int64_t b = b0 + lane;
+    if (lane < kRowBatch && b < b_end) {
       Lpart[b * n_parts + part] = L;
       Npart[b * n_parts + part] = N;
     }
