@@ -71,16 +71,13 @@ void launch_components_backward_table(const Tensor& grad, const Tensor& counts,
   const int64_t rows_per_tile = ceil_div(B, tiles);
   const int64_t row_tiles = ceil_div(B, rows_per_tile);
   ScratchLayout layout;
-  const int64_t alpha_at = layout.add(prepared_alpha_bytes<float>(K, V));
-  const int64_t table_at = layout.add(table_bytes(K * V, TableLayout::kColumns));
+  const TableScratch tables(layout, K, V, TableKind::kAlphaDPoch, TableLayout::kColumns);
   const int64_t c_at = layout.add(row_tiles * K * V * static_cast<int64_t>(sizeof(double)));
   const int64_t n_at = layout.add(B * static_cast<int64_t>(sizeof(double)));
   const int64_t w_at = layout.add(weight_partial_bytes(B, K, 1));
   const Tensor ws = workspace(counts, layout.size());
-  float* table = ScratchLayout::at<float>(ws, table_at);
-  const PreparedAlpha<float> pa = prepare_alpha_and_table(
-      log_alpha, K, V, ScratchLayout::at<char>(ws, alpha_at), TableKind::kAlphaDPoch,
-      TableLayout::kColumns, false, table, stream);
+  const PreparedAlpha<float> pa = tables.prepare(ws, log_alpha, false, stream);
+  const float* table = tables.table(ws);
   auto* Cpart = ScratchLayout::at<double>(ws, c_at);
   auto* N = ScratchLayout::at<double>(ws, n_at);
   const auto* n = static_cast<const count_t*>(counts.const_data_ptr());

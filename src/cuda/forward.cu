@@ -65,15 +65,12 @@ void launch_forward_table(const Tensor& counts, const Tensor& log_alpha, int64_t
                           bool normalize, float* out, cudaStream_t stream) {
   const int64_t num_chunks = ceil_div(V, kTableChunk);
   ScratchLayout layout;
-  const int64_t alpha_at = layout.add(prepared_alpha_bytes<float>(1, V));
-  const int64_t table_at = layout.add(table_bytes(V, TableLayout::kChunkSlots));
+  const TableScratch tables(layout, 1, V, TableKind::kLogPoch, TableLayout::kChunkSlots);
   const int64_t partial_at =
       layout.add(num_chunks > 1 ? B * num_chunks * static_cast<int64_t>(sizeof(RowPartial)) : 0);
   const Tensor ws = workspace(counts, layout.size());
-  float* table = ScratchLayout::at<float>(ws, table_at);
-  const PreparedAlpha<float> pa = prepare_alpha_and_table(
-      log_alpha, 1, V, ScratchLayout::at<char>(ws, alpha_at), TableKind::kLogPoch,
-      TableLayout::kChunkSlots, normalize, table, stream);
+  const PreparedAlpha<float> pa = tables.prepare(ws, log_alpha, normalize, stream);
+  const float* table = tables.table(ws);
   RowPartial* partial = num_chunks > 1 ? ScratchLayout::at<RowPartial>(ws, partial_at) : nullptr;
   const auto* n = static_cast<const count_t*>(counts.const_data_ptr());
   const bool aligned = V % 4 == 0 && is_aligned<count_t>(n);
@@ -113,15 +110,12 @@ void launch_components_table(const Tensor& counts, const Tensor& log_alpha, int6
   constexpr int C = CompSlice<KB>::kCols;
   const int64_t slices = ceil_div(V, C), k_blocks = ceil_div(K, KB);
   ScratchLayout layout;
-  const int64_t alpha_at = layout.add(prepared_alpha_bytes<float>(K, V));
-  const int64_t table_at = layout.add(table_bytes(K * V, TableLayout::kColumns));
+  const TableScratch tables(layout, K, V, TableKind::kLogPoch, TableLayout::kColumns);
   const int64_t s_at = layout.add(B * slices * K * static_cast<int64_t>(sizeof(float)));
   const int64_t n_at = layout.add(B * slices * static_cast<int64_t>(sizeof(double2)));
   const Tensor ws = workspace(counts, layout.size());
-  float* table = ScratchLayout::at<float>(ws, table_at);
-  const PreparedAlpha<float> pa = prepare_alpha_and_table(
-      log_alpha, K, V, ScratchLayout::at<char>(ws, alpha_at), TableKind::kLogPoch,
-      TableLayout::kColumns, normalize, table, stream);
+  const PreparedAlpha<float> pa = tables.prepare(ws, log_alpha, normalize, stream);
+  const float* table = tables.table(ws);
   auto* Spart = ScratchLayout::at<float>(ws, s_at);
   auto* Npart = ScratchLayout::at<double2>(ws, n_at);
   const auto* n = static_cast<const count_t*>(counts.const_data_ptr());

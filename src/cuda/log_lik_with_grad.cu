@@ -22,18 +22,14 @@ void launch_with_grad(const Tensor& counts, const Tensor& log_alpha, int64_t B, 
   const int64_t parts = tiling.col_chunks * kColWarps;
   const int64_t column_tiles = tiling.row_tiles * kWithGradGroups;  // Cpart rows
   ScratchLayout layout;
-  const int64_t alpha_at = layout.add(prepared_alpha_bytes<float>(1, V));
-  const int64_t table_at =
-      layout.add(table_bytes(V, TableLayout::kChunkSlots, TableKind::kBoth));
+  const TableScratch tables(layout, 1, V, TableKind::kBoth, TableLayout::kChunkSlots);
   const int64_t c_at = layout.add(column_tiles * V * static_cast<int64_t>(sizeof(double)));
   const int64_t n_at = layout.add(B * parts * static_cast<int64_t>(sizeof(double)));
   const int64_t l_at = layout.add(B * parts * static_cast<int64_t>(sizeof(double)));
   const int64_t w_at = layout.add(weight_partial_bytes(B, 1, parts));
   const Tensor ws = workspace(counts, layout.size());
-  float* table = ScratchLayout::at<float>(ws, table_at);
-  const PreparedAlpha<float> pa = prepare_alpha_and_table(
-      log_alpha, 1, V, ScratchLayout::at<char>(ws, alpha_at), TableKind::kBoth,
-      TableLayout::kChunkSlots, normalize, table, stream);
+  const PreparedAlpha<float> pa = tables.prepare(ws, log_alpha, normalize, stream);
+  float* table = tables.table(ws);
   auto* Cpart = ScratchLayout::at<double>(ws, c_at);
   auto* Npart = ScratchLayout::at<double>(ws, n_at);
   auto* Lpart = ScratchLayout::at<double>(ws, l_at);

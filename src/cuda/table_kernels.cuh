@@ -15,6 +15,7 @@
 #include "cuda_utils.cuh"
 #include "dirmult/math.h"
 #include "forward_kernels.cuh"
+#include "ops_cuda.h"
 
 namespace dirmult {
 namespace cuda {
@@ -173,6 +174,43 @@ inline PreparedAlpha<float> prepare_alpha_and_table(const torch::stable::Tensor&
   DM_CUDA_CHECK_LAUNCH();
   return {cols, Apart, nblk};
 }
+
+// The front of a table launcher's scratch memory: (K, V) prepared float
+// alpha and its table, filled by one launch. Reserve, allocate, prepare:
+//   ScratchLayout layout;
+//   const TableScratch tables(layout, K, V, kind, table_layout);
+//   const int64_t mine = layout.add(...);            // the launcher's own
+//   const Tensor ws = workspace(counts, layout.size());
+//   const PreparedAlpha<float> pa = tables.prepare(ws, log_alpha, normalize, stream);
+//   float* table = tables.table(ws);
+class TableScratch {
+ public:
+  TableScratch(ScratchLayout& layout, int K, int64_t V, TableKind kind, TableLayout table_layout)
+      : K_(K),
+        V_(V),
+        kind_(kind),
+        table_layout_(table_layout),
+        alpha_at_(layout.add(prepared_alpha_bytes<float>(K, V))),
+        table_at_(layout.add(table_bytes(K * V, table_layout, kind))) {}
+
+  float* table(const torch::stable::Tensor& ws) const {
+    return ScratchLayout::at<float>(ws, table_at_);
+  }
+
+  PreparedAlpha<float> prepare(const torch::stable::Tensor& ws,
+                               const torch::stable::Tensor& log_alpha, bool normalize,
+                               cudaStream_t stream) const {
+    return prepare_alpha_and_table(log_alpha, K_, V_, ScratchLayout::at<char>(ws, alpha_at_),
+                                   kind_, table_layout_, normalize, table(ws), stream);
+  }
+
+ private:
+  int K_;
+  int64_t V_;
+  TableKind kind_;
+  TableLayout table_layout_;
+  int64_t alpha_at_, table_at_;
+};
 
 // Copies chunk c's slice of a kChunkSlots table into shared memory: 16-byte
 // asynchronous copies, all in flight at once (a load-then-store loop waits
