@@ -101,10 +101,17 @@ __global__ void __launch_bounds__(kColThreads, kTable ? 3 : 1)
   for (int64_t b0 = b_begin; b0 < b_end; b0 += kRowBatch) {
     // A batch of rows whose incoming gradients are all 0 (every component:
     // the row totals serve them all) is not read: zero_weight_rows.
+    // The batch's gradients are grad[b0 K, min(b_end, b0 + kRowBatch) K).
     bool zero_batch = true;
+    if constexpr (kTable) {  // K == 1: unrolled, non-short-circuit: the loads issue together
+#pragma unroll
+      for (int i = 0; i < kRowBatch; ++i) {
+        zero_batch &= b0 + i >= b_end || grad[b0 + i] == scalar_t(0);
+      }
+    } else {
+      const int64_t g_end = min(b_end, b0 + kRowBatch) * K;
 #pragma unroll 1
-    for (int64_t i = 0; i < kRowBatch * static_cast<int64_t>(K); ++i) {
-      zero_batch = zero_batch && (b0 + i / K >= b_end || grad[b0 * K + i] == scalar_t(0));
+      for (int64_t i = b0 * K; i < g_end; ++i) zero_batch &= grad[i] == scalar_t(0);
     }
     if (zero_batch) {
       if (row_totals && lane == 0) {
@@ -293,19 +300,22 @@ __global__ void __launch_bounds__(kWeightThreads)
   if (threadIdx.x == 0) Wpart[static_cast<int64_t>(k) * gridDim.x + blockIdx.x] = w;
 }
 
+// (At tall, 262 row tiles, this kernel takes ~9 us: 33 tiles per warp. 512
+// or 1024 threads made ptxas spill; not pursued.)
 constexpr int kFinishThreads = 256;
+constexpr int kFinishWarps = kFinishThreads / 32;
 
 // Columns per column_finish_kernel block: a thread per column when there are
-// few row tiles, else 32 columns whose tiles the 8 warps split.
+// few row tiles, else 32 columns whose tiles the warps split.
 __host__ __device__ inline int64_t finish_columns_per_block(int64_t row_tiles) {
-  return row_tiles < kFinishThreads / 32 ? kFinishThreads : 32;
+  return row_tiles < 8 ? kFinishThreads : 32;
 }
 
 // grid (ceil(V / finish_columns_per_block), K): grad[k, v] = sum_tiles
 // Cpart[tile, k, v] - a_kv S_k, S_k the ordered sum of Wpart[k, 0 ..
 // wblocks) (NaN when a concentration of component k is not finite). With
 // 32 columns per block, lane l owns column 32 blockIdx.x + l, warp w sums
-// tiles w, w + 8, ..., and the 8 warp sums are added in order.
+// tiles w, w + kFinishWarps, ..., and the warp sums are added in order.
 template <typename scalar_t>
 __global__ void __launch_bounds__(kFinishThreads)
     column_finish_kernel(const double* __restrict__ Cpart, const double* __restrict__ Wpart,
@@ -313,7 +323,7 @@ __global__ void __launch_bounds__(kFinishThreads)
                          const ColumnAlpha<scalar_t>* __restrict__ cols, int64_t V, int K,
                          int64_t row_tiles, scalar_t* __restrict__ grad_la) {
   const int k = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  __shared__ double sums[kFinishThreads / 32][32];
+  __shared__ double sums[kFinishWarps][32];
   __shared__ double S_k;
   if (warp == 0) {
     const double S = warp_ordered_sum(Wpart + static_cast<int64_t>(k) * wblocks, wblocks, 1);
@@ -338,7 +348,7 @@ __global__ void __launch_bounds__(kFinishThreads)
   double c = 0.0;
   if (v < V) {
 #pragma unroll 4
-    for (int64_t tile = warp; tile < row_tiles; tile += kFinishThreads / 32) {
+    for (int64_t tile = warp; tile < row_tiles; tile += kFinishWarps) {
       c += Cpart[(tile * K + k) * V + v];
     }
   }
@@ -347,7 +357,7 @@ __global__ void __launch_bounds__(kFinishThreads)
   if (warp == 0 && v < V) {
     double total = 0.0;
 #pragma unroll
-    for (int i = 0; i < kFinishThreads / 32; ++i) total += sums[i][lane];
+    for (int i = 0; i < kFinishWarps; ++i) total += sums[i][lane];
     grad_la[k * V + v] = static_cast<scalar_t>(total - static_cast<double>(cols[k * V + v].a) * S_k);
   }
 }
