@@ -159,19 +159,27 @@ _Components = _eager_function("_Components", ops.log_lik_components.default,
                               _components_setup, _components_backward)
 
 # The single pass (dirmult::log_lik_with_grad) reads the counts once for the
-# forward and the gradient of the rows' sum. Its CUDA kernel serves shared
-# float32 log_alpha over at least this many rows (kTableMinRows in
-# src/cuda/table_kernels.cuh); elsewhere the op is a forward plus a backward
-# and would only move the backward's work into the forward.
-_SINGLE_PASS_MIN_ROWS = 32
+# forward and the gradient of the rows' sum. Its kernels serve shared
+# log_alpha over at least this many rows: on CUDA float32 from 32 rows
+# (kTableMinRows in src/cuda/table_kernels.cuh), on CPU from 64
+# (kRowsForRowsOnly in src/cpu/log_lik_cpu.cpp: fewer, long rows are split
+# into column chunks by the forward and the backward). Elsewhere the op is a
+# forward plus a backward and would only move the backward's work into the
+# forward.
+_SINGLE_PASS_MIN_ROWS_CUDA = 32
+_SINGLE_PASS_MIN_ROWS_CPU = 64
 
 
 def _single_pass_applies(ctx, counts, log_alpha) -> bool:
-    return (counts.is_cuda and log_alpha.dim() == 1 and counts.dim() >= 2
-            and log_alpha.dtype == torch.float32
-            and counts.numel() >= _SINGLE_PASS_MIN_ROWS * max(counts.shape[-1], 1)
-            and counts.shape[-1] > 0
-            and ctx.needs_input_grad[1] and not ctx.needs_input_grad[0])
+    if log_alpha.dim() != 1 or counts.dim() < 2 or counts.shape[-1] == 0:
+        return False
+    if not ctx.needs_input_grad[1] or ctx.needs_input_grad[0]:
+        return False
+    if counts.is_cuda:
+        min_rows = _SINGLE_PASS_MIN_ROWS_CUDA if log_alpha.dtype == torch.float32 else None
+    else:
+        min_rows = _SINGLE_PASS_MIN_ROWS_CPU if counts.device.type == "cpu" else None
+    return min_rows is not None and counts.numel() >= min_rows * counts.shape[-1]
 
 
 def _is_uniform(grad) -> bool:

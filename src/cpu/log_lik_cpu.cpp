@@ -238,10 +238,20 @@ void backward_shared_few_rows(const scalar_t* grad, const count_t* counts,
   });
 }
 
-template <typename scalar_t, typename count_t>
+// Where backward_shared also writes the rows' log-likelihoods
+// (log_lik_with_grad: unit row weights, one read of the counts).
+template <typename scalar_t>
+struct RowOutputs {
+  bool normalize = false;
+  scalar_t* out = nullptr;
+};
+
+// grad null: unit row weights. kRows: also the rows' log-likelihoods into
+// rows.out, from a second table (lnpoch) read in the same pass.
+template <typename scalar_t, typename count_t, bool kRows = false>
 void backward_shared(const scalar_t* grad, const count_t* counts,
                      const scalar_t* la, int64_t B, int64_t V,
-                     scalar_t* grad_la) {
+                     scalar_t* grad_la, RowOutputs<scalar_t> rows = {}) {
   const SharedAlpha<scalar_t> sa(la, V);
   const std::vector<scalar_t> table = sa.table(B, false, [&](int64_t v, scalar_t n) {
     return adpoch(sa.factors[v], sa.alpha[v], n);
@@ -251,7 +261,25 @@ void backward_shared(const scalar_t* grad, const count_t* counts,
     return !table.empty() && table_index(n, idx) ? table[v * kTableWidth + idx]
                                                  : adpoch(sa.factors[v], sa.alpha[v], n);
   };
-  if (B < kRowsForRowsOnly && V > kColumnChunk) {
+  const bool normalize = rows.normalize;
+  std::vector<scalar_t> lnp_table;
+  if constexpr (kRows) {
+    lnp_table = sa.table(B, normalize, [&](int64_t v, scalar_t n) {
+      const scalar_t t = lnpoch(sa.factors[v], sa.alpha[v], sa.log_alpha[v], n);
+      return normalize ? t - log_factorial(n) : t;
+    });
+  }
+  // Adds count n's term to a row's sum as forward_rows does (the same bits).
+  auto add_lnp_term = [&](double& sum, int64_t v, scalar_t n) {
+    int idx;
+    if (!lnp_table.empty() && table_index(n, idx)) {
+      sum += lnp_table[v * kTableWidth + idx];
+      return;
+    }
+    sum += lnpoch(sa.factors[v], sa.alpha[v], sa.log_alpha[v], n);
+    if (normalize) sum -= log_factorial(n);
+  };
+  if (!kRows && B < kRowsForRowsOnly && V > kColumnChunk) {
     backward_shared_few_rows<scalar_t, count_t>(grad, counts, sa, B, V, term, grad_la);
     return;
   }
@@ -266,9 +294,9 @@ void backward_shared(const scalar_t* grad, const count_t* counts,
       double s = 0.0;
       for (int64_t b = k * rows_per; b < std::min(B, (k + 1) * rows_per); ++b) {
         const count_t* row = counts + b * V;
-        const double g = static_cast<double>(grad[b]);
+        const double g = grad != nullptr ? static_cast<double>(grad[b]) : 1.0;
         if (g == 0.0) continue;  // zero_weight_rows (src/cuda/backward_kernels.cuh)
-        double N = 0.0;
+        double N = 0.0, lsum = 0.0;
         bool ok = true;
         for (int64_t v = 0; v < V; ++v) {
           const scalar_t n = static_cast<scalar_t>(row[v]);
@@ -276,8 +304,13 @@ void backward_shared(const scalar_t* grad, const count_t* counts,
           ok = ok && is_valid_count(n);
           N += static_cast<double>(row[v]);
           c[v] += g * static_cast<double>(term(v, n));
+          if constexpr (kRows) add_lnp_term(lsum, v, n);
         }
         s += ok ? g * dpoch<double>(sa.total, N) : kNaN;
+        if constexpr (kRows) {
+          rows.out[b] = static_cast<scalar_t>(ok && sa.finite ? lsum + row_term(sa.total, N, normalize)
+                                                              : kNaN);
+        }
       }
       s_part[k] = s;
     }
@@ -380,13 +413,32 @@ std::tuple<Tensor, Tensor> log_lik_backward_cpu(Tensor grad, Tensor counts,
   return {grad_la, grad_counts};
 }
 
-// No single-pass CPU kernel: the forward, then the backward with unit row
-// weights (the Python API takes this op's single pass on CUDA only).
+// One pass (backward_shared with the rows' log-likelihoods) where the rows
+// are processed whole; a few long rows, split into column chunks by the
+// forward and the backward, take the two of them.
 std::tuple<Tensor, Tensor> log_lik_with_grad_cpu(Tensor counts, Tensor log_alpha,
                                                  bool normalize) {
   check_log_lik_with_grad(counts, log_alpha);
-  return log_lik_with_grad_from_ops(log_lik_cpu, log_lik_backward_cpu, counts, log_alpha,
-                                    normalize);
+  const int64_t V = counts.size(counts.dim() - 1);
+  const int64_t B = num_rows(counts);
+  if (B == 0 || (B < kRowsForRowsOnly && V > kColumnChunk)) {
+    return log_lik_with_grad_from_ops(log_lik_cpu, log_lik_backward_cpu, counts, log_alpha,
+                                      normalize);
+  }
+  counts = as_contiguous(counts);
+  log_alpha = as_contiguous(log_alpha);
+  Tensor out = torch::stable::new_empty(log_alpha, batch_shape(counts));  // every row written
+  Tensor grad_la = torch::stable::new_empty(log_alpha, log_alpha.sizes());
+  DM_DISPATCH_COMPUTE(log_alpha.scalar_type(), [&] {
+    DM_DISPATCH_COUNTS(counts.scalar_type(), [&] {
+      backward_shared<scalar_t, count_t, true>(
+          nullptr, static_cast<const count_t*>(counts.const_data_ptr()),
+          static_cast<const scalar_t*>(log_alpha.const_data_ptr()), B, V,
+          static_cast<scalar_t*>(grad_la.mutable_data_ptr()),
+          {normalize, static_cast<scalar_t*>(out.mutable_data_ptr())});
+    });
+  });
+  return {out, grad_la};
 }
 
 std::tuple<Tensor, Tensor> poch_terms_cpu(Tensor log_alpha, Tensor n) {

@@ -4,9 +4,10 @@
 //
 // A training step reads the counts twice, once in the forward and once in
 // the backward, and at the large shapes both kernels are bound by those
-// reads. For the usual loss, a sum or mean of the rows, every row's weight
-// in the backward is the same number g, so the backward is g times the
-// gradient of the sum, which this kernel computes during the forward:
+// reads. For a loss that sums the rows, every row's weight in the backward
+// is the same number g, so the backward is g times the gradient of the sum,
+// which this kernel computes during the forward (python/dirmult_ext/_ops.py
+// tells a uniform g from the incoming gradient's strides):
 //
 //   with_grad_kernel: column_backward_kernel's structure (a block owns 1024
 //   columns x a tile of rows, a thread keeps 4 columns' sums down the rows)
