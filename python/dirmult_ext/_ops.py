@@ -142,21 +142,21 @@ def _wants_grad(*tensors) -> bool:
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
-def _eager_function(name, op, setup_context, backward):
-    """An autograd.Function over `op` with the registered formulas: the op is
-    called below the Autograd key, then `setup_context` as torch would."""
+class _Components(torch.autograd.Function):
+    """log_lik_components with the registered formulas: the op is called
+    below the Autograd key, then the setup as torch would."""
+
+    @staticmethod
     def forward(ctx, counts, log_alpha, normalize):
         with _BELOW_AUTOGRAD():
-            out = op(counts, log_alpha, normalize)
-        setup_context(ctx, (counts, log_alpha, normalize), out)
+            out = ops.log_lik_components.default(counts, log_alpha, normalize)
+        _components_setup(ctx, (counts, log_alpha, normalize), out)
         return out
 
-    return type(name, (torch.autograd.Function,),
-                {"forward": staticmethod(forward), "backward": staticmethod(backward)})
+    @staticmethod
+    def backward(ctx, grad):
+        return _components_backward(ctx, grad)
 
-
-_Components = _eager_function("_Components", ops.log_lik_components.default,
-                              _components_setup, _components_backward)
 
 # The single pass (dirmult::log_lik_with_grad) reads the counts once for the
 # forward and the gradient of the rows' sum. Its kernels serve shared
