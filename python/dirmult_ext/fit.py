@@ -348,14 +348,22 @@ def _stats(rows: _Rows, eta: Tensor, comps: Optional[Tensor], hessian: bool,
     Z = L.clone() if hessian else None
     psiA = torch.digamma(A)
     psi1A = torch.polygamma(1, A)
+    # One component with unit weights: the gradient of the plain sum, which
+    # log_lik's single pass computes with the forward (one read of the
+    # counts). Other weights: the registered op, whose forward does not
+    # compute that gradient (it would go unused).
+    unit = k == 1 and rows.weights is None and reweight is None
     for bi, (cb, wb, Nb) in enumerate(rows.batches(comps)):
         e = eta.clone().requires_grad_(True)
         with torch.enable_grad():
-            ll = (log_lik(cb, e[0]).unsqueeze(-1) if k == 1
-                  else log_lik_components(cb, e))                     # (b, k)
+            if k == 1:
+                ll = (log_lik(cb, e[0]) if unit
+                      else torch.ops.dirmult.log_lik(cb, e[0], False)).unsqueeze(-1)
+            else:
+                ll = log_lik_components(cb, e)                        # (b, k)
             if reweight is not None:
                 wb = reweight(bi * rows.batch_size, ll.detach(), wb)
-            tot = (ll * wb).sum(0)
+            tot = ll.sum(0) if unit else (ll * wb).sum(0)
             (g,) = torch.autograd.grad(tot.sum(), e)
         L += tot.detach()
         G += g
