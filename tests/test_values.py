@@ -52,6 +52,23 @@ def test_shapes(device, shape):
         torch.testing.assert_close(out.double().cpu(), ref, rtol=2e-6, atol=2e-5)
 
 
+@pytest.mark.parametrize("shared", [True, False])
+def test_no_categories(device, shared):
+    """V = 0: every row is empty, its log-likelihood 0, the gradient empty
+    (the CPU forward once returned uninitialized memory here)."""
+    for _ in range(3):  # fresh allocations, so that garbage would show
+        torch.randn(4096, device=device)
+        counts = torch.zeros(5, 0, device=device, requires_grad=True)
+        la = torch.zeros((0,) if shared else (5, 0), device=device, requires_grad=True)
+        out = dirmult_ext.log_lik(counts, la, normalize=True)
+        assert torch.equal(out, torch.zeros(5, device=device))
+        g_la, g_counts = torch.autograd.grad(out.sum(), [la, counts])
+        assert g_la.shape == la.shape and g_counts.shape == counts.shape
+    comps = dirmult_ext.log_lik_components(torch.zeros(5, 0, device=device),
+                                           torch.zeros(3, 0, device=device))
+    assert torch.equal(comps, torch.zeros(5, 3, device=device))
+
+
 def test_per_sample_3d(device):
     counts = random_counts((3, 4, 50), torch.float32, device)
     log_alpha = torch.randn(3, 4, 50, device=device)

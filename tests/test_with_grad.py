@@ -224,3 +224,24 @@ def test_cpu_single_pass_equals_forward_and_backward_bitwise(dtype, normalize):
     ones = torch.ones(300, dtype=dtype)
     g_ref, _ = torch.ops.dirmult.log_lik_backward(ones, counts, la, normalize, False)
     assert torch.equal(grad, g_ref)
+
+
+def test_edge_layouts(device):
+    """One count vector (a 0-d result), no categories, and strided inputs."""
+    counts = _mixed_counts(1, 9, device, torch.float32)[0]
+    la = torch.randn(9, device=device)
+    out, grad = with_grad(counts, la, True)
+    assert out.shape == () and grad.shape == (9,)
+    assert _rel(out, log_lik_float64(counts, la, True)) < 2e-6
+    assert _rel(grad, _grad_of_sum_float64(counts.unsqueeze(0), la, True),
+                _magnitudes(counts.unsqueeze(0), la)[1]) < 2e-6
+
+    out, grad = with_grad(torch.zeros(5, 0, device=device), torch.zeros(0, device=device), False)
+    assert torch.equal(out, torch.zeros(5, device=device)) and grad.shape == (0,)
+
+    wide = _mixed_counts(80, 2 * 300, device, torch.float32)
+    counts, la = wide[:, ::2], torch.randn(600, device=device)[1::2]  # neither contiguous
+    out, grad = with_grad(counts, la, False)
+    rows, cols = _magnitudes(counts, la)
+    assert _rel(out, log_lik_float64(counts, la), rows) < 2e-6
+    assert _rel(grad, _grad_of_sum_float64(counts, la, False), cols) < 2e-6

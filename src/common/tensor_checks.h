@@ -102,9 +102,18 @@ inline std::vector<int64_t> batch_shape(const Tensor& counts) {
   return shape;
 }
 
+// Rows with at least one column (0 when V = 0: nothing to compute).
 inline int64_t num_rows(const Tensor& counts) {
   const int64_t V = counts.size(counts.dim() - 1);
   return V == 0 ? 0 : counts.numel() / V;
+}
+
+// Elements of batch_shape(counts), V = 0 included (its rows still have a
+// result, 0, and an incoming gradient).
+inline int64_t batch_numel(const Tensor& counts) {
+  int64_t n = 1;
+  for (int64_t d = 0; d + 1 < counts.dim(); ++d) n *= counts.size(d);
+  return n;
 }
 
 // log_lik_backward's counts-gradient output: counts' shape when requested,
@@ -122,7 +131,8 @@ inline bool check_log_lik_backward(const Tensor& grad, const Tensor& counts,
   check_same_device(grad, "grad", counts, "counts");
   STD_TORCH_CHECK(grad.scalar_type() == log_alpha.scalar_type(),
                   "dirmult: grad must have log_alpha's dtype");
-  STD_TORCH_CHECK(grad.numel() == num_rows(counts), "dirmult: grad must have counts' batch shape");
+  STD_TORCH_CHECK(grad.numel() == batch_numel(counts),
+                  "dirmult: grad must have counts' batch shape");
   return shared;
 }
 

@@ -369,8 +369,9 @@ Tensor log_lik_cpu(Tensor counts, Tensor log_alpha, bool normalize) {
   log_alpha = as_contiguous(log_alpha);
   const int64_t V = counts.size(counts.dim() - 1);
   const int64_t B = num_rows(counts);
-  Tensor out = torch::stable::new_empty(log_alpha, batch_shape(counts));
-  if (out.numel() == 0) return out;
+  // V = 0: every row is empty, log-likelihood 0 (B counts no such rows).
+  if (B == 0) return torch::stable::new_zeros(log_alpha, batch_shape(counts));
+  Tensor out = torch::stable::new_empty(log_alpha, batch_shape(counts));  // every row written
   DM_DISPATCH_COMPUTE(log_alpha.scalar_type(), [&] {
     DM_DISPATCH_COUNTS(counts.scalar_type(), [&] {
       forward_rows<scalar_t, count_t>(
