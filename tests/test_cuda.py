@@ -5,7 +5,7 @@ import torch
 
 import dirmult_ext
 
-from reference import log_lik_float64
+from reference import log_lik_float64, magnitudes
 from test_values import random_counts
 
 pytestmark = [
@@ -143,3 +143,99 @@ def test_two_rows_per_warp_forward_matches_float64(dtype):
     assert int(bad.sum()) == (1 if dtype == torch.float32 else 0)
     err = (out.double() - ref).abs() / ref.abs().clamp_min(1.0)
     assert err[~bad].max() < 2e-6
+
+
+# One launch for small problems (forward_small_kernel: B * V <= 2**18 and
+# V <= 1024), the table path past either limit; the float64 reference on
+# both sides of each, every count dtype, normalized or not.
+@pytest.mark.parametrize("shape", [(1, 5), (31, 1024), (256, 1024), (257, 1024), (300, 1025),
+                                   (512, 256), (4096, 64), (4097, 64)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int32, torch.uint8])
+def test_small_and_table_forward_paths_match_float64(shape, dtype):
+    counts = random_counts(shape, torch.float32, "cpu", zero_frac=0.3)
+    counts[0, 0] = 23.0  # off the table (the math path's general branch)
+    counts = counts.to(dtype)
+    la = torch.empty(shape[1]).uniform_(-3, 4)
+    for normalize in (False, True):
+        out = dirmult_ext.log_lik(counts.cuda(), la.cuda(), normalize=normalize).cpu()
+        ref = log_lik_float64(counts, la, normalize)
+        rows, _ = magnitudes(counts, la, normalize)
+        tol = 1e-12 if dtype == torch.float64 else 2e-6
+        assert ((out.double() - ref).abs() / rows.clamp_min(1.0)).max() < tol
+
+
+def test_small_forward_bad_inputs_give_nan():
+    counts = random_counts((40, 300), torch.float32, "cuda")
+    counts[3, 7] = -1.0
+    counts[5, 2] = float("nan")
+    la = torch.randn(300, device="cuda")
+    out = torch.ops.dirmult.log_lik(counts, la, False)
+    nan = torch.isnan(out).cpu()
+    assert nan[3] and nan[5] and int(nan.sum()) == 2
+    la[11] = float("inf")
+    assert torch.isnan(torch.ops.dirmult.log_lik(counts, la, False)).all()
+
+
+# table_index decides by float adds whether a count is an integer in
+# [0, 16]: values at and around every edge of that test, in the forward, the
+# single pass and the weighted backward (all table kernels; B * V is past
+# the small-problem forward).
+def test_table_lookup_edge_values_match_float64():
+    edges = [0.0, -0.0, 1e-45, 0.5, 1.0, 15.5, 16.0, 16.5, 17.0, 2.0 ** 23 - 1, 2.0 ** 23,
+             2.0 ** 23 + 2, 2.0 ** 24, 3.0e9]
+    bad = [-0.5, -1.0, -2.0 ** 23, float("inf"), float("-inf"), float("nan")]
+    B, V, good = 8192, 40, 8000
+    counts = random_counts((B, V), torch.float32, "cpu", zero_frac=0.3)
+    for i, x in enumerate(edges):
+        counts[i, i % V] = x
+        counts[i + 4000, (3 * i + 1) % V] = x
+    for i, x in enumerate(bad):
+        counts[good + i, i] = x
+    la = torch.empty(V).uniform_(-2, 3)
+    c, la_c = counts.cuda(), la.cuda().requires_grad_()
+    out = dirmult_ext.log_lik(c, la_c)
+    assert torch.isnan(out[good:good + len(bad)]).all()
+    assert not torch.isnan(out[good + len(bad):]).any()
+    ok = counts[:good]
+    ref = log_lik_float64(ok, la)
+    rows, cols = magnitudes(ok, la)
+    assert ((out[:good].double().cpu() - ref).abs() / rows.clamp_min(1.0)).max() < 2e-6
+    la64 = la.double().requires_grad_()
+    g_ref, = torch.autograd.grad(log_lik_float64(ok, la64).sum(), la64)
+    g_sum, = torch.autograd.grad(dirmult_ext.log_lik(c[:good], la_c).sum(), la_c)  # single pass
+    assert ((g_sum.double().cpu() - g_ref).abs() / cols.clamp_min(1.0)).max() < 1e-5
+    w = torch.rand(B)
+    w[good:] = 0.0  # bad rows weighted 0 leave the gradient finite
+    g_w, = torch.autograd.grad((out * w.cuda()).sum(), la_c)  # the backward kernels
+    g_wref, = torch.autograd.grad((log_lik_float64(ok, la64) * w[:good].double()).sum(), la64)
+    assert ((g_w.double().cpu() - g_wref).abs() / cols.clamp_min(1.0)).max() < 1e-5
+
+
+# The table kernels are launched as programmatic dependents of the table
+# preparation (launch_dependent); under graph capture that is an edge of the
+# graph.
+def test_cuda_graph_capture_table_path():
+    B, V = 4096, 1024
+    counts = random_counts((B, V), torch.float32, "cuda")
+    la = torch.randn(V, device="cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            dirmult_ext.log_lik(counts, la)
+            torch.ops.dirmult.log_lik_with_grad(counts, la, False)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = dirmult_ext.log_lik(counts, la)
+        out2, g = torch.ops.dirmult.log_lik_with_grad(counts, la, False)
+    counts.copy_(random_counts((B, V), torch.float32, "cuda"))
+    graph.replay()
+    torch.cuda.synchronize()
+    ref = log_lik_float64(counts, la)
+    rows, cols = magnitudes(counts, la)
+    for o in (out, out2):
+        assert ((o.double().cpu() - ref).abs() / rows.clamp_min(1.0)).max() < 2e-6
+    la64 = la.double().cpu().requires_grad_()
+    g_ref, = torch.autograd.grad(log_lik_float64(counts, la64).sum(), la64)
+    assert ((g.double().cpu() - g_ref).abs() / cols.clamp_min(1.0)).max() < 1e-5

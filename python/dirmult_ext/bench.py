@@ -26,11 +26,14 @@ prints whether the performance targets of issue 3 are met.
 Timing: warm-up calls first (for torch.compile, the compiling calls are
 warm-up too and are not timed), then timed calls until both a minimum number
 of calls and a minimum time are reached; the MEDIAN per call is reported, in
-microseconds. On CUDA each call is bracketed by CUDA events and followed by a
-synchronize, so a call's time includes its host-side (launch, Python,
-autograd) cost whenever that is longer than the GPU work -- which is what
-decides small-problem speed. On CPU, time.perf_counter around each call; the
-torch thread count is left as it is.
+microseconds. On CUDA each call is bracketed by its own CUDA events; with
+--timing queued (the default) calls follow each other without a synchronize,
+as in a training loop (and triton.testing.do_bench), so a call's time is its
+GPU time where the GPU is the bottleneck and its host time (Python, dispatch,
+launches, the autograd engine) where the host is; --timing synced adds a
+synchronize after every call (the latency of one isolated call: host + GPU +
+launch latency). Counts that fit in L2 are rotated among copies. On CPU,
+time.perf_counter around each call; the torch thread count is left as it is.
 
 Data is fresh each run (a torch.Generator seeded from the clock; the seed is
 printed and written to the JSON; --seed repeats a run).
@@ -39,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import json
 import math
 import os
@@ -145,37 +149,76 @@ def make_log_alpha(shape, g: torch.Generator, device: torch.device) -> torch.Ten
 class Timer:
     """Median per-call time in microseconds, after warm-up.
 
-    Note on caches: the same inputs are used on every call, so on CUDA inputs
-    that fit in L2 (60 MB on an H200: seed and mid; wide's 64 MB only in part)
-    are read from L2 after the first call and can beat the DRAM-based floor.
-    That is accepted here (it is how such ops are called in a training loop);
-    tall and sparse are far larger than L2.
+    CUDA, ``queued`` (the default): each call is bracketed by its own pair of
+    CUDA events and calls follow each other without a synchronization (one
+    per round of ``ROUND`` calls; the first call of a round, which starts on
+    an idle GPU, is not counted), as in ``triton.testing.do_bench`` and as a
+    training loop runs. A call's time is then its GPU time when the GPU is
+    the bottleneck, and its host time (Python, dispatch, launches, the
+    autograd engine) when the host is: the GPU idles between the start event
+    and the first kernel until the host has launched it.
+    CUDA, ``synced``: a synchronize after every call, so a call's time is its
+    host time plus its GPU time plus the launch latency: the latency of one
+    isolated call.
+    CPU: ``time.perf_counter`` around each call.
+
+    Caches: bench_case rotates among copies of the counts (``rotation``), so
+    that repeated calls do not read them from L2.
     """
 
+    ROUND = 20
+
     def __init__(self, device: torch.device, *, warmup: int, min_reps: int, max_reps: int,
-                 min_time: float):
+                 min_time: float, queued: bool = True):
         self.device = device
         self.cuda = device.type == "cuda"
+        self.queued = self.cuda and queued
         self.warmup, self.min_reps, self.max_reps, self.min_time = warmup, min_reps, max_reps, min_time
-        if self.cuda:
-            self._start = torch.cuda.Event(enable_timing=True)
-            self._end = torch.cuda.Event(enable_timing=True)
+        self._events: List[torch.cuda.Event] = []
+
+    @property
+    def mode(self) -> str:
+        return "cpu" if not self.cuda else ("queued" if self.queued else "synced")
 
     def sync(self) -> None:
         if self.cuda:
             torch.cuda.synchronize(self.device)
 
-    def _once(self, fn: Callable[[], object]) -> float:
-        if self.cuda:
-            # Events on the current stream of the current device (set in main).
-            self._start.record()
-            fn()
-            self._end.record()
-            self._end.synchronize()
-            return self._start.elapsed_time(self._end) * 1e3  # ms -> us
-        t0 = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t0) * 1e6
+    def _event_pairs(self, n: int) -> List[torch.cuda.Event]:
+        while len(self._events) < 2 * n:
+            self._events.append(torch.cuda.Event(enable_timing=True))
+        return self._events
+
+    def _round(self, fns: Dict[str, Callable[[], object]]) -> Dict[str, List[float]]:
+        """One call of each function per step, in turn; CUDA events on the
+        current stream of the current device (set in main)."""
+        steps = self.ROUND if self.queued else 1
+        out: Dict[str, List[float]] = {name: [] for name in fns}
+        if not self.cuda:
+            for name, fn in fns.items():
+                t0 = time.perf_counter()
+                fn()
+                out[name].append((time.perf_counter() - t0) * 1e6)
+            return out
+        ev = self._event_pairs(steps * len(fns))
+        k = 0
+        for _ in range(steps):
+            for fn in fns.values():
+                ev[2 * k].record()
+                fn()
+                ev[2 * k + 1].record()
+                k += 1
+                if not self.queued:
+                    ev[2 * k - 1].synchronize()
+        self.sync()
+        k = 0
+        for step in range(steps):
+            for name in fns:
+                us = ev[2 * k].elapsed_time(ev[2 * k + 1]) * 1e3  # ms -> us
+                k += 1
+                if step > 0 or steps == 1:
+                    out[name].append(us)
+        return out
 
     @staticmethod
     def _summary(times: List[float]) -> Dict[str, float]:
@@ -189,7 +232,7 @@ class Timer:
 
     def paired(self, fns: Dict[str, Callable[[], object]]) -> Dict[str, Dict[str, float]]:
         """Times several functions with their calls interleaved (one call of
-        each per round, in turn), so that all of them see the same host and
+        each per step, in turn), so that all of them see the same host and
         GPU conditions: their ratios do not drift with the machine's state."""
         for fn in fns.values():
             for _ in range(self.warmup):
@@ -197,15 +240,36 @@ class Timer:
         self.sync()
         times: Dict[str, List[float]] = {name: [] for name in fns}
         t_begin = time.perf_counter()
-        rounds = 0
-        while rounds < self.max_reps:
-            for name, fn in fns.items():
-                times[name].append(self._once(fn))
-            rounds += 1
-            if rounds >= self.min_reps and \
-                    time.perf_counter() - t_begin >= self.min_time * len(fns):
+        while True:
+            for name, ts in self._round(fns).items():
+                times[name].extend(ts)
+            reps = len(next(iter(times.values())))
+            if reps >= self.max_reps or (
+                    reps >= self.min_reps
+                    and time.perf_counter() - t_begin >= self.min_time * len(fns)):
                 break
         return {name: self._summary(t) for name, t in times.items()}
+
+
+def rotation(counts: torch.Tensor, cache_bytes: int) -> Callable[[], torch.Tensor]:
+    """A function returning, call after call, one of enough copies of
+    ``counts`` that they do not fit in a cache of ``cache_bytes`` together
+    (three times its size; at most 64 copies), so that timed calls read
+    device memory as a first call would. Just ``counts`` when one copy is
+    already that large or there is no cache to defeat (cache_bytes 0)."""
+    nbytes = counts.numel() * counts.element_size()
+    copies = 1 if cache_bytes <= 0 or nbytes == 0 else min(64, -(-3 * cache_bytes // nbytes))
+    if copies <= 1:
+        return lambda: counts
+    sets = [counts] + [counts.clone() for _ in range(copies - 1)]
+    it = itertools.cycle(sets)
+    return it.__next__
+
+
+def l2_bytes(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 0
+    return int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 0)
 
 
 def _med(result: Optional[dict]) -> Optional[float]:
@@ -287,13 +351,14 @@ def bench_case(label: str, counts: torch.Tensor, log_alpha: torch.Tensor, timer:
     del gref, gext, la64
     _free(device)
 
+    nxt = rotation(counts, l2_bytes(device))
     log(f"  {label}: ext")
-    t["ext_fwd"] = timer(lambda: log_lik(counts, la))
-    t["ext_fwdbwd"] = timer(lambda: torch.autograd.grad(log_lik(counts, la_g).sum(), la_g))
+    t["ext_fwd"] = timer(lambda: log_lik(nxt(), la))
+    t["ext_fwdbwd"] = timer(lambda: torch.autograd.grad(log_lik(nxt(), la_g).sum(), la_g))
     log(f"  {label}: eager")
-    t["eager_fwd"] = timer(lambda: reference_log_lik(counts, la))
+    t["eager_fwd"] = timer(lambda: reference_log_lik(nxt(), la))
     t["eager_fwdbwd"] = timer(
-        lambda: torch.autograd.grad(reference_log_lik(counts, la_g).sum(), la_g))
+        lambda: torch.autograd.grad(reference_log_lik(nxt(), la_g).sum(), la_g))
     _free(device)
 
     t["compile_fwd"] = t["compile_fwdbwd"] = None
@@ -309,8 +374,8 @@ def bench_case(label: str, counts: torch.Tensor, log_alpha: torch.Tensor, timer:
             row["compile_error"] = _err_text(e)
             compiled = None
         cases = {
-            "compile_fwd": lambda: compiled(counts, la),
-            "compile_fwdbwd": lambda: torch.autograd.grad(compiled(counts, la_g).sum(), la_g),
+            "compile_fwd": lambda: compiled(nxt(), la),
+            "compile_fwdbwd": lambda: torch.autograd.grad(compiled(nxt(), la_g).sum(), la_g),
         }
         for key, fn in cases.items():
             if compiled is None:
@@ -333,7 +398,8 @@ def bench_case(label: str, counts: torch.Tensor, log_alpha: torch.Tensor, timer:
             except Exception:  # noqa: BLE001
                 pass
         del compiled, cases
-        _free(device)
+    del nxt
+    _free(device)
 
     ext_f, ext_fb = _med(t["ext_fwd"]), _med(t["ext_fwdbwd"])
     row["ratio_fwd_floor"] = ext_f / row["floor_fwd_us"]
@@ -343,16 +409,18 @@ def bench_case(label: str, counts: torch.Tensor, log_alpha: torch.Tensor, timer:
     return row
 
 
-def bench_small(counts: torch.Tensor, log_alpha: torch.Tensor, timer: Timer) -> dict:
+def bench_small(counts: torch.Tensor, log_alpha: torch.Tensor, timer: Timer,
+                device: torch.device) -> dict:
     """The small-problem targets' peers, timed interleaved with this
     package's forward and forward+backward (Timer.paired): host time
     dominates all four, and it drifts between separate timing loops."""
     la_g = log_alpha.detach().clone().requires_grad_(True)
+    nxt = rotation(counts, l2_bytes(device))
     res = timer.paired({
-        "add1": lambda: counts.add(1),
-        "ext_fwd": lambda: log_lik(counts, log_alpha),
-        "trivial_grad": lambda: torch.autograd.grad((counts * la_g).sum(), la_g),
-        "ext_fwdbwd": lambda: torch.autograd.grad(log_lik(counts, la_g).sum(), la_g),
+        "add1": lambda: nxt().add(1),
+        "ext_fwd": lambda: log_lik(nxt(), log_alpha),
+        "trivial_grad": lambda: torch.autograd.grad((nxt() * la_g).sum(), la_g),
+        "ext_fwdbwd": lambda: torch.autograd.grad(log_lik(nxt(), la_g).sum(), la_g),
     })
     return {"B": counts.shape[0], "V": counts.shape[1], **res}
 
@@ -367,8 +435,8 @@ def bench_components(B: int, V: int, K: int, g: torch.Generator, device: torch.d
     res = {"B": B, "V": V, "K": K, "floor_fwd_us": fwd_bytes / bw * 1e6,
            "floor_fwdbwd_us": fb_bytes / bw * 1e6, "times": {}}
 
-    def separate(a):
-        return torch.stack([log_lik(counts, a[k]) for k in range(K)], dim=1)
+    def separate(a, c=counts):
+        return torch.stack([log_lik(c, a[k]) for k in range(K)], dim=1)
 
     with torch.no_grad():
         out = log_lik_components(counts, la)
@@ -382,13 +450,15 @@ def bench_components(B: int, V: int, K: int, g: torch.Generator, device: torch.d
     res["grad_diff_fused_vs_separate"] = _rel_err(g_fused, g_sep.double())
     del g_fused, g_sep
     t = res["times"]
+    nxt = rotation(counts, l2_bytes(device))
     log(f"  components K={K}: fused")
-    t["fused_fwd"] = timer(lambda: log_lik_components(counts, la))
+    t["fused_fwd"] = timer(lambda: log_lik_components(nxt(), la))
     t["fused_fwdbwd"] = timer(
-        lambda: torch.autograd.grad(log_lik_components(counts, la_g).sum(), la_g))
+        lambda: torch.autograd.grad(log_lik_components(nxt(), la_g).sum(), la_g))
     log(f"  components K={K}: {K} separate log_lik calls")
-    t["separate_fwd"] = timer(lambda: separate(la))
-    t["separate_fwdbwd"] = timer(lambda: torch.autograd.grad(separate(la_g).sum(), la_g))
+    t["separate_fwd"] = timer(lambda: separate(la, nxt()))
+    t["separate_fwdbwd"] = timer(lambda: torch.autograd.grad(separate(la_g, nxt()).sum(), la_g))
+    del nxt
     res["ratio_fwd_floor"] = _med(t["fused_fwd"]) / res["floor_fwd_us"]
     res["ratio_fwdbwd_floor"] = _med(t["fused_fwdbwd"]) / res["floor_fwdbwd_us"]
     res["speedup_fwd_vs_separate"] = _med(t["separate_fwd"]) / _med(t["fused_fwd"])
@@ -502,9 +572,14 @@ def report(result: dict, markdown: bool) -> str:
     out.append(f"{b}copy bandwidth {cp['bytes_per_s'] / 1e9:.1f} GB/s "
                f"({cp['bytes_copied'] / 2**20:.0f} MiB dst.copy_(src), read+write counted); "
                "times in us, median per call")
-    if env["device"].startswith("cuda"):
-        out.append(f"{b}CUDA events + synchronize per call; the same inputs every call, so "
-                   "inputs that fit in L2 (seed, mid) are L2-resident: they can beat the floor")
+    if result["timer"].get("mode") == "queued":
+        out.append(f"{b}timing: queued (CUDA events around each call, no synchronize between "
+                   "calls: GPU time where the GPU is the bottleneck, host time where the host "
+                   "is); counts rotated among copies that do not fit in L2 together")
+    elif result["timer"].get("mode") == "synced":
+        out.append(f"{b}timing: synced (CUDA events around each call and a synchronize after "
+                   "it: host + GPU time + launch latency); counts rotated among copies that "
+                   "do not fit in L2 together")
     out.append("")
     out.append(render_table(MAIN_HEADER, main_table_rows(result["shapes"]), markdown))
     for f in result["failed"]:
@@ -612,6 +687,10 @@ def main(argv: Optional[List[str]] = None) -> int:
                    help="shape for --components (default 65536x1024 on CUDA, 4096x1024 on CPU)")
     p.add_argument("--quick", action="store_true", help="tiny shapes, few repetitions (smoke run)")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile peer")
+    p.add_argument("--timing", choices=("queued", "synced"), default="queued",
+                   help="CUDA: 'queued' (default): events around each call, no synchronize "
+                        "between calls (the steady state of a training loop); 'synced': a "
+                        "synchronize after each call (the latency of an isolated call)")
     p.add_argument("--min-time", type=float, default=None,
                    help="seconds of timed calls per measurement (default 0.2 CUDA, 0.25 CPU)")
     p.add_argument("--seed", type=int, default=None, help="data seed (default: from the clock)")
@@ -663,7 +742,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         timer_kw = dict(warmup=1, min_reps=5, max_reps=1000, min_time=0.25)
     if args.min_time is not None:
         timer_kw["min_time"] = args.min_time
-    timer = Timer(device, **timer_kw)
+    timer = Timer(device, **timer_kw, queued=args.timing == "queued")
+    timer_kw["mode"] = timer.mode
 
     seed = args.seed if args.seed is not None else time.time_ns() % (2**31 - 1)
     g = torch.Generator(device=device)
@@ -694,7 +774,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             rows.append(row)
             if shape.name == "seed":
                 log("seed: counts.add(1), trivial grad")
-                small = bench_small(counts, la, timer)
+                small = bench_small(counts, la, timer, device)
         except Exception as e:  # noqa: BLE001 - report, go on with the other shapes
             traceback.print_exc()
             failed.append({"name": shape.name, "shape": shape.bxv, "error": _err_text(e)})

@@ -50,6 +50,25 @@ inline ColumnTiling tile_columns(int64_t B, int64_t V, int64_t k_blocks, int64_t
   return {col_chunks, rows, ceil_div(std::max<int64_t>(B, 1), rows)};
 }
 
+// A thread's 4 columns (base = counts + v0, v_end = columns left from v0)
+// of the kRowBatch rows from b0, zeros past b_end and past V; all loads
+// issued before any is used, so they are in flight together.
+template <typename scalar_t, typename count_t>
+__device__ __forceinline__ void load_row_batch(const count_t* __restrict__ base, int64_t V,
+                                               int64_t b0, int64_t b_end, int64_t v_end,
+                                               bool aligned, scalar_t (&n)[kRowBatch][4],
+                                               double (&exact)[kRowBatch][4]) {
+#pragma unroll
+  for (int i = 0; i < kRowBatch; ++i) {
+    if (b0 + i < b_end && v_end > 0) {
+      load_counts<scalar_t, count_t>(base + (b0 + i) * V, 0, v_end, aligned, n[i], exact[i]);
+    } else {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) n[i][j] = scalar_t(0), exact[i][j] = 0.0;
+    }
+  }
+}
+
 // grid (col_chunks, row_tiles, ceil(K / KB)).
 // Cpart: (row_tiles, K, V) column partials. Npart: (B, col_chunks, kColWarps)
 // row totals, a warp's 128 columns each (written by the blocks with
@@ -121,18 +140,9 @@ __global__ void __launch_bounds__(kColThreads, kTable ? 3 : 1)
       }
       continue;
     }
-    // All the batch's loads first, so several are in flight per thread.
     scalar_t n[kRowBatch][4];
     double exact[kRowBatch][4];
-#pragma unroll
-    for (int i = 0; i < kRowBatch; ++i) {
-      if (b0 + i < b_end && v_end > 0) {
-        load_counts<scalar_t, count_t>(base + (b0 + i) * V, 0, v_end, aligned, n[i], exact[i]);
-      } else {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) n[i][j] = scalar_t(0), exact[i][j] = 0.0;
-      }
-    }
+    load_row_batch(base, V, b0, b_end, v_end, aligned, n, exact);
     unsigned rare = 0;  // kTable: counts off the table, bit 4 i + j
     float acc_batch[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // kTable: this batch's terms
 #pragma unroll

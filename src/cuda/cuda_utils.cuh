@@ -150,6 +150,62 @@ inline int num_sms() {
   return cached[dev];
 }
 
+// Programmatic dependent launch (sm_90 and newer). A kernel launched by
+// launch_dependent may start while the kernel before it in the stream (one
+// that calls allow_dependent_launch) still runs: it can issue work that
+// does not depend on that kernel (prefetching its own inputs) and must call
+// wait_for_prior_grid() before it reads anything that kernel writes. The
+// wait returns when the prior grid has completed and its writes are
+// visible. On older GPUs both are no-ops and the launch is an ordinary one.
+__device__ __forceinline__ void allow_dependent_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void wait_for_prior_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// Asks the L2 to fetch the 128-byte line holding p (no register is loaded).
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+
+// Whether the current device runs programmatic dependent launches (cached).
+inline bool device_has_dependent_launch() {
+  static int cached[64] = {};  // 0 unknown, 1 no, 2 yes
+  int dev = 0;
+  cudaGetDevice(&dev);
+  if (dev < 0 || dev >= 64) dev = 0;
+  if (cached[dev] == 0) {
+    int major = 0;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    cached[dev] = major >= 9 ? 2 : 1;
+  }
+  return cached[dev] == 2;
+}
+
+template <typename... Params, typename... Args>
+void launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem_bytes,
+                      cudaStream_t stream, Args... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem_bytes;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1] = {};
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attribute;
+  config.numAttrs = device_has_dependent_launch() ? 1 : 0;
+  const cudaError_t err = cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
+  STD_TORCH_CHECK(err == cudaSuccess, "dirmult: CUDA kernel launch failed: ",
+                  cudaGetErrorString(err));
+}
+
 // The sum of p[0], p[stride], ..., p[(n - 1) stride], split across the
 // warp's lanes (lane l takes l, l + 32, ...) and combined by the fixed
 // shuffle tree: the loads overlap instead of queueing behind each other, and

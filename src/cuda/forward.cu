@@ -82,9 +82,10 @@ void launch_forward_table(const Tensor& counts, const Tensor& log_alpha, int64_t
     const int64_t groups =
         std::max<int64_t>(1, std::min(ceil_div(B, kRowWarps), wave / num_chunks));
     const dim3 grid(static_cast<unsigned>(num_chunks), static_cast<unsigned>(groups));
-    kKernel<<<grid, kRowWarps * 32, kTableSmemBytes, stream>>>(
-        n, table, pa.cols, pa.Apart, pa.nblk, B, V, num_chunks, aligned, normalize, out, partial);
-    DM_CUDA_CHECK_LAUNCH();
+    // Right after prep_and_table_kernel (tables.prepare): its dependent.
+    launch_dependent(kKernel, grid, dim3(kRowWarps * 32), kTableSmemBytes, stream, n, table,
+                     pa.cols, pa.Apart, pa.nblk, B, V, num_chunks, aligned, normalize, out,
+                     partial);
   };
   // Two rows in flight per warp where every warp has many rows (tall,
   // sparse: measured 7-8% faster); one where rows are few (mid: slower,
@@ -136,10 +137,27 @@ void launch_components_table(const Tensor& counts, const Tensor& log_alpha, int6
   DM_CUDA_CHECK_LAUNCH();
 }
 
-// Shared alpha: the table path where it applies, else the math path.
+template <typename scalar_t, typename count_t>
+void launch_forward_small(const Tensor& counts, const Tensor& log_alpha, int64_t B, int64_t V,
+                          bool normalize, scalar_t* out, cudaStream_t stream) {
+  const auto* n = static_cast<const count_t*>(counts.const_data_ptr());
+  const bool aligned = V % 4 == 0 && is_aligned<count_t>(n);
+  forward_small_kernel<scalar_t, count_t>
+      <<<ceil_div(B, kRowWarps), kRowWarps * 32, forward_small_smem_bytes<scalar_t>(V), stream>>>(
+          n, static_cast<const scalar_t*>(log_alpha.const_data_ptr()), B, V, aligned, normalize,
+          out);
+  DM_CUDA_CHECK_LAUNCH();
+}
+
+// Shared alpha: one launch for small problems, the table path where it
+// applies, else the math path.
 template <typename scalar_t, typename count_t>
 void launch_forward_shared(const Tensor& counts, const Tensor& log_alpha, int64_t B, int64_t V,
                            bool normalize, scalar_t* out, cudaStream_t stream) {
+  if (forward_small_applies(B, V)) {
+    launch_forward_small<scalar_t, count_t>(counts, log_alpha, B, V, normalize, out, stream);
+    return;
+  }
   if constexpr (std::is_same_v<scalar_t, float>) {
     if (use_tables<scalar_t>(B)) {
       launch_forward_table<count_t>(counts, log_alpha, B, V, normalize, out, stream);

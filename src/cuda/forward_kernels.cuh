@@ -77,18 +77,18 @@ __device__ __forceinline__ void write_row_result(const RowItem& it, const RowSpl
   }
 }
 
-// Shared or per-component alpha: cols is (K, V). out is (B, K) when the row
-// is one chunk, else partial is (B, num_chunks, K).
+// The calling warp's (row, chunk) item of the math path, shared or
+// per-component alpha: cols is (K, V) (global or shared memory). out is
+// (B, K) when the row is one chunk, else partial is (B, num_chunks, K).
 template <typename scalar_t, typename count_t, int KB>
-__global__ void __launch_bounds__(kRowWarps * 32)
-    forward_rows_kernel(const count_t* __restrict__ counts,
-                        const ColumnAlpha<scalar_t>* __restrict__ cols,
-                        const double* __restrict__ Apart, int nblk_alpha, int64_t B, int64_t V,
-                        int K, RowSplit split, bool aligned, bool normalize,
-                        scalar_t* __restrict__ out, RowPartial* __restrict__ partial) {
+__device__ __forceinline__ void forward_row_item(const RowItem& it, const count_t* __restrict__ counts,
+                                                 const ColumnAlpha<scalar_t>* __restrict__ cols,
+                                                 const double* __restrict__ Apart, int nblk_alpha,
+                                                 int64_t V, int K, const RowSplit& split,
+                                                 bool aligned, bool normalize,
+                                                 scalar_t* __restrict__ out,
+                                                 RowPartial* __restrict__ partial) {
   const int lane = threadIdx.x & 31;
-  const RowItem it = row_item(split, B, V);
-  if (!it.valid) return;
   const int64_t v_begin = it.v_begin, v_end = it.v_end;
   const count_t* row = counts + it.b * V;
 
@@ -132,6 +132,53 @@ __global__ void __launch_bounds__(kRowWarps * 32)
       }
     }
   }
+}
+
+template <typename scalar_t, typename count_t, int KB>
+__global__ void __launch_bounds__(kRowWarps * 32)
+    forward_rows_kernel(const count_t* __restrict__ counts,
+                        const ColumnAlpha<scalar_t>* __restrict__ cols,
+                        const double* __restrict__ Apart, int nblk_alpha, int64_t B, int64_t V,
+                        int K, RowSplit split, bool aligned, bool normalize,
+                        scalar_t* __restrict__ out, RowPartial* __restrict__ partial) {
+  const RowItem it = row_item(split, B, V);
+  if (!it.valid) return;
+  forward_row_item<scalar_t, count_t, KB>(it, counts, cols, Apart, nblk_alpha, V, K, split,
+                                          aligned, normalize, out, partial);
+}
+
+// Small problems with shared alpha (forward_small_applies): one launch and no
+// scratch memory, since their time is host time (a launch and an allocation
+// each). Every block prepares alpha into shared memory itself, exactly as
+// alpha_prep_kernel would (the same A, bit for bit), then a warp per row.
+constexpr int64_t kSmallMaxElements = int64_t{1} << 18;
+constexpr int64_t kSmallMaxColumns = 1024;  // one prep block, one chunk per row
+static_assert(kRowWarps * 32 == kPrepThreads, "prep_alpha_slice's reduction order needs its block size");
+
+inline bool forward_small_applies(int64_t B, int64_t V) {
+  return V <= kSmallMaxColumns && B * V <= kSmallMaxElements && split_rows(B, V).num_chunks == 1;
+}
+
+template <typename scalar_t>
+size_t forward_small_smem_bytes(int64_t V) {
+  return V * sizeof(ColumnAlpha<scalar_t>) + sizeof(double);
+}
+
+template <typename scalar_t, typename count_t>
+__global__ void __launch_bounds__(kRowWarps * 32)
+    forward_small_kernel(const count_t* __restrict__ counts, const scalar_t* __restrict__ log_alpha,
+                         int64_t B, int64_t V, bool aligned, bool normalize,
+                         scalar_t* __restrict__ out) {
+  extern __shared__ __align__(32) unsigned char small_smem[];  // (V) ColumnAlpha, then A
+  auto* cols = reinterpret_cast<ColumnAlpha<scalar_t>*>(small_smem);
+  auto* A = reinterpret_cast<double*>(cols + V);
+  prep_alpha_slice<scalar_t>(log_alpha, V, 0, 0, 1, cols, A);
+  __syncthreads();
+  const RowSplit split{V, 1};
+  const RowItem it = row_item(split, B, V);
+  if (!it.valid) return;
+  forward_row_item<scalar_t, count_t, 1>(it, counts, cols, A, 1, V, 1, split, aligned, normalize,
+                                         out, nullptr);
 }
 
 // Per-sample alpha: log_alpha has counts' shape; A_b is summed on the way.

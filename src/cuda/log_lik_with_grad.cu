@@ -36,10 +36,10 @@ void launch_with_grad(const Tensor& counts, const Tensor& log_alpha, int64_t B, 
   const auto* n = static_cast<const count_t*>(counts.const_data_ptr());
   const bool aligned = V % 4 == 0 && is_aligned<count_t>(n);
   const dim3 grid(static_cast<unsigned>(tiling.col_chunks), static_cast<unsigned>(tiling.row_tiles));
-  kKernel<<<grid, kThreads, kWithGradSmemBytes, stream>>>(
-      n, pa.cols, table, second_table(table, V, TableLayout::kChunkSlots), B, V, tiling, aligned,
-      normalize, Cpart, Npart, Lpart);
-  DM_CUDA_CHECK_LAUNCH();
+  // Right after prep_and_table_kernel (tables.prepare): its dependent.
+  launch_dependent(kKernel, grid, dim3(kThreads), kWithGradSmemBytes, stream, n, pa.cols, table,
+                   second_table(table, V, TableLayout::kChunkSlots), B, V, tiling, aligned,
+                   normalize, Cpart, Npart, Lpart);
   launch_column_finish<float>(nullptr, Npart, parts, Cpart, column_tiles, pa, B, V, 1,
                               ScratchLayout::at<double>(ws, w_at), grad_la, stream,
                               {Lpart, normalize, out});

@@ -117,6 +117,7 @@ __global__ void __launch_bounds__(kPrepThreads)
                           ColumnAlpha<float>* __restrict__ cols, double* __restrict__ Apart,
                           TableKind kind, TableLayout layout, bool normalize,
                           float* __restrict__ table, int64_t padded_columns) {
+  allow_dependent_launch();  // the count kernel's blocks may start prefetching
   const int64_t prep_blocks_total = static_cast<int64_t>(nblk) * K;
   if (blockIdx.x < prep_blocks_total) {
     prep_alpha_slice<float>(log_alpha, V, static_cast<int>(blockIdx.x / nblk),
@@ -228,10 +229,20 @@ __device__ __forceinline__ void stage_table_slice(float* __restrict__ tab,
   __syncthreads();
 }
 
-__device__ __forceinline__ bool table_index(float n, int& idx) {  // n in the table?
-  idx = static_cast<int>(n);  // NaN converts to 0, +-inf saturates
+// Whether n is an integer in [0, kMaxExactCount], and if so, idx = n (else
+// idx is garbage). Float adds instead of F2I/I2F: those conversions run at a
+// quarter of the FP32 rate and were two per count in the hot loops. n + 2^23
+// rounds n to an integer in the low mantissa bits when 0 <= n < 2^23 (the
+// bits then read 0x4B000000 + n); subtracting 2^23 back gives n exactly iff
+// n was an integer. A negative n, one of 2^23 or more, or +inf lands outside
+// [0, kMaxExactCount] after the bias; NaN fails the comparison. (The _rn
+// intrinsics are never contracted or reassociated.)
+__device__ __forceinline__ bool table_index(float n, int& idx) {
+  constexpr float kTwo23 = 8388608.0f;
+  const float t = __fadd_rn(n, kTwo23);
+  idx = __float_as_int(t) - 0x4B000000;
   return static_cast<unsigned>(idx) <= static_cast<unsigned>(kMaxExactCount) &&
-         static_cast<float>(idx) == n;
+         __fsub_rn(t, kTwo23) == n;
 }
 
 // Shared-memory position of (column v of the chunk, count n): n-major, and
@@ -255,6 +266,9 @@ __device__ __forceinline__ int table_slot(int v, int n) {
 //
 // kRows rows per warp are in flight at once (their loads are all issued
 // before any is used): more bytes in flight per SM at fewer resident blocks.
+//
+// Launched as a dependent of prep_and_table_kernel (launch_dependent): the
+// warps prefetch their first rows into L2 while the table is computed.
 template <typename count_t, int kRows>
 __global__ void __launch_bounds__(kRowWarps * 32, kRows == 1 ? 3 : 2)
     forward_table_kernel(const count_t* __restrict__ counts, const float* __restrict__ table,
@@ -268,11 +282,25 @@ __global__ void __launch_bounds__(kRowWarps * 32, kRows == 1 ? 3 : 2)
   const int64_t c = blockIdx.x;
   const int64_t v0 = c * kTableChunk;
   const int len = static_cast<int>(min(V - v0, static_cast<int64_t>(kTableChunk)));
-  stage_table_slice(tab, table, c);  // columns past V read as count 0: entry 0 (= 0)
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
-  const double A = alpha_total(Apart, 0, nblk_alpha);
   const int64_t stride = static_cast<int64_t>(gridDim.y) * kRowWarps;  // between a warp's rows
+  // Every lane's loads are whole 16-byte vectors: no per-load bounds check.
+  const bool full = aligned && len == kTableChunk;
+  {
+    const int64_t b = static_cast<int64_t>(blockIdx.y) * kRowWarps + warp;
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      if (b + r * stride >= B) break;
+      const count_t* row = counts + (b + r * stride) * V + v0;
+      for (int v = 32 * lane; v < len * static_cast<int>(sizeof(count_t)) / 4; v += 32 * 32) {
+        prefetch_l2(reinterpret_cast<const float*>(row) + v);  // a lane per 128-byte line
+      }
+    }
+  }
+  wait_for_prior_grid();
+  stage_table_slice(tab, table, c);  // columns past V read as count 0: entry 0 (= 0)
+  const double A = alpha_total(Apart, 0, nblk_alpha);
 
   // Row finished by this lane: the (i % 32)-th row of the warp's sequence.
   int64_t my_b = -1;
@@ -288,13 +316,31 @@ __global__ void __launch_bounds__(kRowWarps * 32, kRows == 1 ? 3 : 2)
     for (int base = 4 * lane; base < len; base += 128 * kUnroll) {
       float n[kRows][kUnroll][4];
       double unused[kUnroll][4];
+      if (full) {
 #pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        const count_t* row = counts + (b0 + r * stride) * V + v0;
-        const bool in = b0 + r * stride < B;
+        for (int r = 0; r < kRows; ++r) {
+          const count_t* row = counts + (b0 + r * stride) * V + v0 + base;
+          const bool in = b0 + r * stride < B;
 #pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-          load_counts<float, count_t>(row, base + 128 * u, in ? len : 0, aligned, n[r][u], unused[u]);
+          for (int u = 0; u < kUnroll; ++u) {
+            if (in) {
+              load4<float, count_t>(row + 128 * u, n[r][u], unused[u]);
+            } else {
+#pragma unroll
+              for (int j = 0; j < 4; ++j) n[r][u][j] = 0.0f;
+            }
+          }
+        }
+      } else {
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+          const count_t* row = counts + (b0 + r * stride) * V + v0;
+          const bool in = b0 + r * stride < B;
+#pragma unroll
+          for (int u = 0; u < kUnroll; ++u) {
+            load_counts<float, count_t>(row, base + 128 * u, in ? len : 0, aligned, n[r][u],
+                                        unused[u]);
+          }
         }
       }
       // table_slot(base + 128 u + j, n) = n * kTableChunk + j * (kTableChunk / 4) + base / 4 + 32 u

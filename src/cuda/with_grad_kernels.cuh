@@ -48,6 +48,18 @@ __global__ void __launch_bounds__(kColThreads * kGroups, 1)
   const int64_t n_parts = tiling.col_chunks * kColWarps;  // Npart / Lpart entries per row
   const int64_t part = blockIdx.x * kColWarps + warp;
 
+  const count_t* base = counts + v0;
+  const int64_t v_end = V - v0;  // columns left from v0
+  // Launched as a dependent of prep_and_table_kernel (launch_dependent): the
+  // group's first two row batches go to L2 while the tables are computed.
+  if (v_end > 0) {
+#pragma unroll 1
+    for (int64_t b = b_begin + group * kRowBatch, i = 0; b < b_end && i < 2 * kRowBatch; ++b, ++i) {
+      if (lane % (128 / (4 * sizeof(count_t))) == 0) prefetch_l2(base + b * V);
+      if (i == kRowBatch - 1) b += (kGroups - 1) * kRowBatch;
+    }
+  }
+  wait_for_prior_grid();
   extern __shared__ float tabs[];  // [lnpoch slice | alpha dpoch slice]
   stage_table_slice(tabs, lnp_table, blockIdx.x);  // columns past V: entry 0 (= 0)
   stage_table_slice(tabs + kChunkFloats, adp_table, blockIdx.x);
@@ -55,20 +67,10 @@ __global__ void __launch_bounds__(kColThreads * kGroups, 1)
   const float* aq = tabs + kChunkFloats + t;
 
   double acc[4] = {0.0, 0.0, 0.0, 0.0};
-  const count_t* base = counts + v0;
-  const int64_t v_end = V - v0;  // columns left from v0
   for (int64_t b0 = b_begin + group * kRowBatch; b0 < b_end; b0 += kGroups * kRowBatch) {
     float n[kRowBatch][4];
     double unused[kRowBatch][4];
-#pragma unroll
-    for (int i = 0; i < kRowBatch; ++i) {
-      if (b0 + i < b_end && v_end > 0) {
-        load_counts<float, count_t>(base + (b0 + i) * V, 0, v_end, aligned, n[i], unused[i]);
-      } else {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) n[i][j] = 0.0f;
-      }
-    }
+    load_row_batch(base, V, b0, b_end, v_end, aligned, n, unused);
     // The branch-free lookups (see forward_table_kernel): a count off the
     // table looks up entry 0 and is marked rare (bit 4 i + j).
     unsigned rare = 0;
