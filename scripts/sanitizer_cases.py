@@ -36,9 +36,13 @@ def case(B, V, dtype=torch.float32, shared=True, counts_grad=False, K=None, weig
 
 
 if __name__ == "__main__":
-    case(37, 256)                   # table path, chunk shorter than the table slice
+    case(37, 256)                   # one-launch small forward; table single pass
+    case(40, 1000)                  # small forward, four alpha slices in shared memory
+    case(600, 700)                  # table path, chunk shorter than the table slice
+    case(300, 1024)                 # table path, one whole chunk, fill a thread per entry
+    case(70, 5000)                  # table path, five chunks, fill a thread per column
     case(40, 1500)                  # table path, two chunks (the second ragged)
-    case(36, 700, torch.int64)      # table path with 8-byte (float64) counts
+    case(400, 700, torch.int64)     # table path with 8-byte (float64) counts
     case(37, 256, weighted=True)    # the same three through the backward kernels
     case(40, 1500, weighted=True)
     case(36, 700, torch.int64, weighted=True)

@@ -233,32 +233,37 @@ DM_HOST_DEVICE T lnpoch_exact_checked(const ExactFactors<T>& f, T log_a, int n) 
   return r;
 }
 
-// Every exact-path value of one concentration, n = 0 .. kMaxExactCount:
-// store(n, v) with v = lnpoch(a, n) [- log n! when normalize] (log_poch) or
-// a dpoch(a, n). The running products are lnpoch_exact's and adpoch_exact's
-// multiplications in the same order, so each v is the value those give for
-// that n, at a sixteenth of the work; log n! is lnpoch(1, n) the same way.
-template <typename T, typename Store>
-DM_HOST_DEVICE void exact_path_values(const ExactFactors<T>& f, T a, T log_a, bool log_poch,
-                                      bool normalize, Store&& store) {
-  store(0, T(0));
+// The exact-path values of one concentration for n = 1 .. kMaxExactCount
+// (the lookup tables' entries) come from running products over k = 1 .. n -
+// 1: P = prod f_k and Q, multiplied as in lnpoch_exact and adpoch_exact (so
+// each entry is the value those give for that n), and n! = prod (1 + k)
+// (log n! is lnpoch(1, n) the same way). ExactRun is that state;
+// exact_run_step takes factor n; exact_run_value is entry n.
+template <typename T>
+struct ExactRun {
   T p = T(1), q = T(0), fact = T(1);
-  for (int n = 1; n <= kMaxExactCount; ++n) {
-    if (log_poch) {
-      T r = (f.small ? log_a : T(n) * log_a) + dm_log(p);
-      if (lnpoch_exact_cancels(log_a, n, r)) {
-        r = static_cast<T>(lnpoch_exact_refined(static_cast<double>(log_a), n));
-      }
-      if (normalize) r -= dm_log(fact);
-      store(n, r);
-    } else {
-      store(n, T(1) + (f.small ? a : T(1)) * (q / p));
-    }
-    const T t = f.base + T(n) * f.step;
-    q = q * t + p;
-    p *= t;
-    fact *= T(1) + T(n) * T(1);
+};
+
+template <typename T>
+DM_HOST_DEVICE void exact_run_step(const ExactFactors<T>& f, int n, ExactRun<T>& run) {
+  const T t = f.base + T(n) * f.step;
+  run.q = run.q * t + run.p;
+  run.p *= t;
+  run.fact *= T(1) + T(n) * T(1);
+}
+
+// Entry n >= 1 from the state after factors 1 .. n - 1: lnpoch(a, n) [- log
+// n! when normalize] (log_poch) or a dpoch(a, n).
+template <typename T>
+DM_HOST_DEVICE T exact_run_value(const ExactRun<T>& run, const ExactFactors<T>& f, T a, T log_a,
+                                 int n, bool log_poch, bool normalize) {
+  if (!log_poch) return T(1) + (f.small ? a : T(1)) * (run.q / run.p);
+  T r = (f.small ? log_a : T(n) * log_a) + dm_log(run.p);
+  if (lnpoch_exact_cancels(log_a, n, r)) {
+    r = static_cast<T>(lnpoch_exact_refined(static_cast<double>(log_a), n));
   }
+  if (normalize) r -= dm_log(run.fact);
+  return r;
 }
 
 // ---------------------------------------------------------------------------

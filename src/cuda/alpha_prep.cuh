@@ -22,10 +22,14 @@ struct alignas(4 * sizeof(T)) ColumnAlpha {
 constexpr int kPrepThreads = 256;
 // Partial totals per component; each is a fixed slice of columns, summed in
 // order by alpha_total(), so A is the same bits in every kernel and run.
+// A column per thread up to 32 blocks: the table kernels wait for this
+// (a block of 1024 columns made the tall forward ~2 us slower).
 constexpr int kMaxPrepBlocks = 32;
+constexpr int kPrepColumnsPerBlock = 256;
 
 inline int prep_blocks(int64_t V) {
-  return static_cast<int>(std::min<int64_t>(kMaxPrepBlocks, std::max<int64_t>(1, ceil_div(V, 1024))));
+  return static_cast<int>(
+      std::min<int64_t>(kMaxPrepBlocks, std::max<int64_t>(1, ceil_div(V, kPrepColumnsPerBlock))));
 }
 
 // Block `blk` of `nblk` of component k: cols for its slice of the columns,

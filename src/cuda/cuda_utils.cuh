@@ -153,7 +153,7 @@ inline int num_sms() {
 // Programmatic dependent launch (sm_90 and newer). A kernel launched by
 // launch_dependent may start while the kernel before it in the stream (one
 // that calls allow_dependent_launch) still runs: it can issue work that
-// does not depend on that kernel (prefetching its own inputs) and must call
+// does not depend on that kernel and must call
 // wait_for_prior_grid() before it reads anything that kernel writes. The
 // wait returns when the prior grid has completed and its writes are
 // visible. On older GPUs both are no-ops and the launch is an ordinary one.
@@ -167,11 +167,6 @@ __device__ __forceinline__ void wait_for_prior_grid() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
-}
-
-// Asks the L2 to fetch the 128-byte line holding p (no register is loaded).
-__device__ __forceinline__ void prefetch_l2(const void* p) {
-  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
 
 // Whether the current device runs programmatic dependent launches (cached).

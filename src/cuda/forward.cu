@@ -84,8 +84,8 @@ void launch_forward_table(const Tensor& counts, const Tensor& log_alpha, int64_t
     const dim3 grid(static_cast<unsigned>(num_chunks), static_cast<unsigned>(groups));
     // Right after prep_and_table_kernel (tables.prepare): its dependent.
     launch_dependent(kKernel, grid, dim3(kRowWarps * 32), kTableSmemBytes, stream, n, table,
-                     pa.cols, pa.Apart, pa.nblk, B, V, num_chunks, aligned, normalize, out,
-                     partial);
+                     pa.cols, pa.Apart, pa.nblk, B, V, aligned,
+                     RowOut{num_chunks, normalize, out, partial});
   };
   // Two rows in flight per warp where every warp has many rows (tall,
   // sparse: measured 7-8% faster); one where rows are few (mid: slower,
@@ -144,8 +144,8 @@ void launch_forward_small(const Tensor& counts, const Tensor& log_alpha, int64_t
   const bool aligned = V % 4 == 0 && is_aligned<count_t>(n);
   forward_small_kernel<scalar_t, count_t>
       <<<ceil_div(B, kRowWarps), kRowWarps * 32, forward_small_smem_bytes<scalar_t>(V), stream>>>(
-          n, static_cast<const scalar_t*>(log_alpha.const_data_ptr()), B, V, aligned, normalize,
-          out);
+          n, static_cast<const scalar_t*>(log_alpha.const_data_ptr()), B, V, prep_blocks(V), aligned,
+          normalize, out);
   DM_CUDA_CHECK_LAUNCH();
 }
 

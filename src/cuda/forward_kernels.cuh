@@ -152,7 +152,7 @@ __global__ void __launch_bounds__(kRowWarps * 32)
 // each). Every block prepares alpha into shared memory itself, exactly as
 // alpha_prep_kernel would (the same A, bit for bit), then a warp per row.
 constexpr int64_t kSmallMaxElements = int64_t{1} << 18;
-constexpr int64_t kSmallMaxColumns = 1024;  // one prep block, one chunk per row
+constexpr int64_t kSmallMaxColumns = 1024;  // one chunk per row
 static_assert(kRowWarps * 32 == kPrepThreads, "prep_alpha_slice's reduction order needs its block size");
 
 inline bool forward_small_applies(int64_t B, int64_t V) {
@@ -161,24 +161,27 @@ inline bool forward_small_applies(int64_t B, int64_t V) {
 
 template <typename scalar_t>
 size_t forward_small_smem_bytes(int64_t V) {
-  return V * sizeof(ColumnAlpha<scalar_t>) + sizeof(double);
+  return V * sizeof(ColumnAlpha<scalar_t>) + prep_blocks(V) * sizeof(double);
 }
 
 template <typename scalar_t, typename count_t>
 __global__ void __launch_bounds__(kRowWarps * 32)
     forward_small_kernel(const count_t* __restrict__ counts, const scalar_t* __restrict__ log_alpha,
-                         int64_t B, int64_t V, bool aligned, bool normalize,
+                         int64_t B, int64_t V, int nblk, bool aligned, bool normalize,
                          scalar_t* __restrict__ out) {
-  extern __shared__ __align__(32) unsigned char small_smem[];  // (V) ColumnAlpha, then A
+  // (V) ColumnAlpha, then the nblk = prep_blocks(V) partial totals of A
+  extern __shared__ __align__(32) unsigned char small_smem[];
   auto* cols = reinterpret_cast<ColumnAlpha<scalar_t>*>(small_smem);
-  auto* A = reinterpret_cast<double*>(cols + V);
-  prep_alpha_slice<scalar_t>(log_alpha, V, 0, 0, 1, cols, A);
-  __syncthreads();
+  auto* Apart = reinterpret_cast<double*>(cols + V);
+  for (int blk = 0; blk < nblk; ++blk) {
+    prep_alpha_slice<scalar_t>(log_alpha, V, 0, blk, nblk, cols, Apart);
+    __syncthreads();  // (its warp totals are reused by the next slice)
+  }
   const RowSplit split{V, 1};
   const RowItem it = row_item(split, B, V);
   if (!it.valid) return;
-  forward_row_item<scalar_t, count_t, 1>(it, counts, cols, A, 1, V, 1, split, aligned, normalize,
-                                         out, nullptr);
+  forward_row_item<scalar_t, count_t, 1>(it, counts, cols, Apart, nblk, V, 1, split, aligned,
+                                         normalize, out, nullptr);
 }
 
 // Per-sample alpha: log_alpha has counts' shape; A_b is summed on the way.

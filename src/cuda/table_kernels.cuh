@@ -103,12 +103,30 @@ __host__ __device__ inline float* second_table(float* table, int64_t columns, Ta
   return table + padded * kTableWidth;
 }
 
+// The table fill's latency is on every table kernel's critical path. A
+// thread per entry (column, n) where the columns are few: tall's 1024
+// columns took 4.2 us a thread per column (16 dependent steps with a log
+// each, on 4 blocks), 2.6 us a thread per entry. A thread per column where
+// they are many: wide's 262144 took 16.7 us that way and 53.6 us a thread
+// per entry (17 times the threads, each redoing the running products).
+constexpr int64_t kEntryThreadsMaxColumns = 4096;
+
+__host__ __device__ inline bool table_fill_per_entry(int64_t padded_columns) {
+  return padded_columns <= kEntryThreadsMaxColumns;
+}
+
+inline int64_t table_fill_blocks(int64_t padded_columns) {
+  return ceil_div(padded_columns * (table_fill_per_entry(padded_columns) ? kTableWidth : 1),
+                  kPrepThreads);
+}
+
 // One launch for both: blocks [0, K nblk) prepare alpha (prep_alpha_slice),
-// the rest fill the table of the K * V columns, a thread per column, all
-// kTableWidth entries (exact_path_values): lnpoch (minus log n! when
-// normalized) or alpha dpoch, from the same ColumnAlpha values the
-// preparing blocks compute. For kChunkSlots, consecutive threads take
-// consecutive slots, so every store is coalesced.
+// the rest fill the table of the K * V columns (table_fill_per_entry): lnpoch
+// (minus log n! when normalized) or alpha dpoch, from the exact path's
+// running products (math.h: the same multiplications as lnpoch_exact and
+// adpoch_exact, so the same values); for kBoth both tables. For
+// kChunkSlots, consecutive threads take consecutive slots of one n, so every
+// store is coalesced.
 // (A template, instantiated for float only, so that this header can define it
 // in every .cu file that includes it.)
 template <typename scalar_t>
@@ -117,7 +135,7 @@ __global__ void __launch_bounds__(kPrepThreads)
                           ColumnAlpha<float>* __restrict__ cols, double* __restrict__ Apart,
                           TableKind kind, TableLayout layout, bool normalize,
                           float* __restrict__ table, int64_t padded_columns) {
-  allow_dependent_launch();  // the count kernel's blocks may start prefetching
+  allow_dependent_launch();  // the table kernel's launch overlaps this one
   const int64_t prep_blocks_total = static_cast<int64_t>(nblk) * K;
   if (blockIdx.x < prep_blocks_total) {
     prep_alpha_slice<float>(log_alpha, V, static_cast<int>(blockIdx.x / nblk),
@@ -125,24 +143,28 @@ __global__ void __launch_bounds__(kPrepThreads)
     return;
   }
   const int64_t i = (blockIdx.x - prep_blocks_total) * kPrepThreads + threadIdx.x;
-  if (i >= padded_columns) return;
-  int64_t column, first, stride;  // entry n of the column is table[first + n * stride]
+  const bool per_entry = table_fill_per_entry(padded_columns);
+  const int n_first = per_entry ? static_cast<int>(i / padded_columns) : 0;
+  const int n_last = per_entry ? n_first : kMaxExactCount;
+  const int64_t slot = per_entry ? i - n_first * padded_columns : i;
+  if (slot >= padded_columns || n_first >= kTableWidth) return;
+  int64_t column, first, stride;  // entry (column, n) is table[first + n * stride]
   if (layout == TableLayout::kChunkSlots) {
-    const int64_t chunk = i / kTableChunk;
-    const int p = static_cast<int>(i - chunk * kTableChunk);  // = table_slot(v, 0) of column v
+    const int64_t chunk = slot / kTableChunk;
+    const int p = static_cast<int>(slot - chunk * kTableChunk);  // = table_slot(v, 0) of column v
     column = chunk * kTableChunk + (p % (kTableChunk / 4)) * 4 + p / (kTableChunk / 4);
     first = chunk * kChunkFloats + p;
     stride = kTableChunk;
   } else {
-    column = i;
-    first = i * kTableWidth;
+    column = slot;
+    first = slot * kTableWidth;
     stride = 1;
   }
   float* dst = table + first;
   float* dst2 = kind == TableKind::kBoth ? dst + padded_columns * kTableWidth : nullptr;
   if (column >= K * V) {  // padding: read as count 0 only
 #pragma unroll 1
-    for (int n = 0; n < kTableWidth; ++n) {
+    for (int n = n_first; n <= n_last; ++n) {
       dst[n * stride] = 0.0f;
       if (dst2 != nullptr) dst2[n * stride] = 0.0f;
     }
@@ -151,10 +173,20 @@ __global__ void __launch_bounds__(kPrepThreads)
   const float la = log_alpha[column];
   const float a = dm_exp(la);
   const ExactFactors<float> f = exact_factors(a);
-  exact_path_values(f, a, la, kind != TableKind::kAlphaDPoch, normalize,
-                    [&](int n, float value) { dst[n * stride] = value; });
-  if (dst2 != nullptr) {
-    exact_path_values(f, a, la, false, false, [&](int n, float value) { dst2[n * stride] = value; });
+  const bool log_poch = kind != TableKind::kAlphaDPoch;
+  ExactRun<float> run;  // after factors 1 .. n - 1 for entry n
+#pragma unroll 1
+  for (int k = 1; k < n_first; ++k) exact_run_step(f, k, run);
+#pragma unroll 1
+  for (int n = n_first; n <= n_last; ++n) {
+    if (n == 0) {
+      dst[0] = 0.0f;
+      if (dst2 != nullptr) dst2[0] = 0.0f;
+      continue;
+    }
+    dst[n * stride] = exact_run_value(run, f, a, la, n, log_poch, normalize);
+    if (dst2 != nullptr) dst2[n * stride] = exact_run_value(run, f, a, la, n, false, false);
+    exact_run_step(f, n, run);
   }
 }
 
@@ -168,7 +200,7 @@ inline PreparedAlpha<float> prepare_alpha_and_table(const torch::stable::Tensor&
   auto* cols = static_cast<ColumnAlpha<float>*>(alpha_dst);
   auto* Apart = reinterpret_cast<double*>(cols + K * V);
   const int64_t padded_columns = table_columns(K * V, layout);
-  const int64_t blocks = static_cast<int64_t>(nblk) * K + ceil_div(padded_columns, kPrepThreads);
+  const int64_t blocks = static_cast<int64_t>(nblk) * K + table_fill_blocks(padded_columns);
   prep_and_table_kernel<float><<<blocks, kPrepThreads, 0, stream>>>(
       static_cast<const float*>(log_alpha.const_data_ptr()), V, K, nblk, cols, Apart, kind, layout,
       normalize, table, padded_columns);
@@ -253,6 +285,56 @@ __device__ __forceinline__ int table_slot(int v, int n) {
   return n * kTableChunk + (v & 3) * (kTableChunk / 4) + (v >> 2);
 }
 
+// A warp's rows in the table forward kernels, one after the other: add()
+// reduces a row's sums over the warp; with one chunk per row, lane i % 32
+// keeps the warp's i-th row and finishes it (float64 lnpoch(A, N)) once 32
+// rows are in, so that the finish runs for 32 rows at once, and flush()
+// finishes the rest; with several chunks, lane 0 writes the chunk's partial.
+// Warp-uniform calls only. The kernel's parameters (RowOut) are passed to
+// each call rather than kept in the writer: read from the constant bank
+// where needed, they hold no registers in the hot loops.
+struct RowOut {
+  int64_t num_chunks;  // the chunk is blockIdx.x
+  bool normalize;
+  float* __restrict__ out;
+  RowPartial* __restrict__ partial;
+};
+
+struct TableRowWriter {
+  int64_t my_b = -1;
+  double my_s = 0.0, my_N = 0.0, my_norm = 0.0;
+  int i = 0;
+
+  // s: the lane's lnpoch sum; table_N its table counts (exact integers),
+  // rare_N and norm its off-table counts and -log n! terms; ok: no bad count.
+  __device__ __forceinline__ void add(const RowOut& o, double A, int64_t b, bool valid, double s,
+                                      int table_N, double rare_N, double norm, bool ok) {
+    const int lane = threadIdx.x & 31;
+    s = warp_allsum(s);
+    double N = static_cast<double>(__reduce_add_sync(0xffffffffu, table_N));
+    if (__any_sync(0xffffffffu, rare_N != 0.0 || norm != 0.0)) {
+      N += warp_allsum(rare_N);
+      norm = warp_allsum(norm);
+    }
+    if (!__all_sync(0xffffffffu, ok)) s = NAN;
+    if (!valid) return;
+    if (o.num_chunks > 1) {
+      if (lane == 0) o.partial[b * o.num_chunks + blockIdx.x] = {s, N, norm, 0.0};
+      return;
+    }
+    if ((i & 31) == lane) my_b = b, my_s = s, my_N = N, my_norm = norm;
+    if ((i & 31) == 31) flush(o, A);
+    ++i;
+  }
+
+  __device__ __forceinline__ void flush(const RowOut& o, double A) {
+    if (my_b >= 0) {
+      o.out[my_b] = static_cast<float>(finish_row(my_s, my_N, my_norm, A, o.normalize));
+    }
+    my_b = -1;
+  }
+};
+
 // Forward with the table: grid (column chunks, row groups), a warp per row.
 // Each block holds its chunk's slice of the table in shared memory. The
 // per-row float64 finish (lnpoch(A, N), log N!) is done for 32 rows at once,
@@ -267,15 +349,17 @@ __device__ __forceinline__ int table_slot(int v, int n) {
 // kRows rows per warp are in flight at once (their loads are all issued
 // before any is used): more bytes in flight per SM at fewer resident blocks.
 //
-// Launched as a dependent of prep_and_table_kernel (launch_dependent): the
-// warps prefetch their first rows into L2 while the table is computed.
+// Launched as a dependent of prep_and_table_kernel (launch_dependent), so its
+// launch overlaps the table's preparation. (Prefetching the first rows to L2
+// before the wait was measured slower: tall 81.5 us with 4 rows per warp,
+// 80.6 with 2, 79.5 with none.)
 template <typename count_t, int kRows>
 __global__ void __launch_bounds__(kRowWarps * 32, kRows == 1 ? 3 : 2)
     forward_table_kernel(const count_t* __restrict__ counts, const float* __restrict__ table,
                          const ColumnAlpha<float>* __restrict__ cols,
                          const double* __restrict__ Apart, int nblk_alpha, int64_t B, int64_t V,
-                         int64_t num_chunks, bool aligned, bool normalize,
-                         float* __restrict__ out, RowPartial* __restrict__ partial) {
+                         bool aligned, const RowOut o) {
+  const bool normalize = o.normalize;
   // 8-byte counts: half the loads in flight, or their registers spill.
   constexpr int kUnroll = sizeof(count_t) > 4 ? kTableUnroll / 2 : kTableUnroll;
   extern __shared__ float tab[];
@@ -285,27 +369,10 @@ __global__ void __launch_bounds__(kRowWarps * 32, kRows == 1 ? 3 : 2)
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int64_t stride = static_cast<int64_t>(gridDim.y) * kRowWarps;  // between a warp's rows
-  // Every lane's loads are whole 16-byte vectors: no per-load bounds check.
-  const bool full = aligned && len == kTableChunk;
-  {
-    const int64_t b = static_cast<int64_t>(blockIdx.y) * kRowWarps + warp;
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      if (b + r * stride >= B) break;
-      const count_t* row = counts + (b + r * stride) * V + v0;
-      for (int v = 32 * lane; v < len * static_cast<int>(sizeof(count_t)) / 4; v += 32 * 32) {
-        prefetch_l2(reinterpret_cast<const float*>(row) + v);  // a lane per 128-byte line
-      }
-    }
-  }
   wait_for_prior_grid();
   stage_table_slice(tab, table, c);  // columns past V read as count 0: entry 0 (= 0)
   const double A = alpha_total(Apart, 0, nblk_alpha);
-
-  // Row finished by this lane: the (i % 32)-th row of the warp's sequence.
-  int64_t my_b = -1;
-  double my_s = 0.0, my_N = 0.0, my_norm = 0.0;
-  int i = 0;
+  TableRowWriter writer;
   for (int64_t b0 = static_cast<int64_t>(blockIdx.y) * kRowWarps + warp; b0 < B;
        b0 += kRows * stride) {
     double s[kRows], rare_N[kRows], norm[kRows];
@@ -316,31 +383,13 @@ __global__ void __launch_bounds__(kRowWarps * 32, kRows == 1 ? 3 : 2)
     for (int base = 4 * lane; base < len; base += 128 * kUnroll) {
       float n[kRows][kUnroll][4];
       double unused[kUnroll][4];
-      if (full) {
 #pragma unroll
-        for (int r = 0; r < kRows; ++r) {
-          const count_t* row = counts + (b0 + r * stride) * V + v0 + base;
-          const bool in = b0 + r * stride < B;
+      for (int r = 0; r < kRows; ++r) {
+        const count_t* row = counts + (b0 + r * stride) * V + v0;
+        const bool in = b0 + r * stride < B;
 #pragma unroll
-          for (int u = 0; u < kUnroll; ++u) {
-            if (in) {
-              load4<float, count_t>(row + 128 * u, n[r][u], unused[u]);
-            } else {
-#pragma unroll
-              for (int j = 0; j < 4; ++j) n[r][u][j] = 0.0f;
-            }
-          }
-        }
-      } else {
-#pragma unroll
-        for (int r = 0; r < kRows; ++r) {
-          const count_t* row = counts + (b0 + r * stride) * V + v0;
-          const bool in = b0 + r * stride < B;
-#pragma unroll
-          for (int u = 0; u < kUnroll; ++u) {
-            load_counts<float, count_t>(row, base + 128 * u, in ? len : 0, aligned, n[r][u],
-                                        unused[u]);
-          }
+        for (int u = 0; u < kUnroll; ++u) {
+          load_counts<float, count_t>(row, base + 128 * u, in ? len : 0, aligned, n[r][u], unused[u]);
         }
       }
       // table_slot(base + 128 u + j, n) = n * kTableChunk + j * (kTableChunk / 4) + base / 4 + 32 u
@@ -384,31 +433,12 @@ __global__ void __launch_bounds__(kRowWarps * 32, kRows == 1 ? 3 : 2)
       }
     }
 #pragma unroll
-    for (int r = 0; r < kRows; ++r, ++i) {
+    for (int r = 0; r < kRows; ++r) {
       const int64_t b = b0 + r * stride;
-      double sr = warp_allsum(s[r]);
-      double N = static_cast<double>(__reduce_add_sync(0xffffffffu, table_N[r]));
-      double nr = norm[r];
-      if (__any_sync(0xffffffffu, rare_N[r] != 0.0 || nr != 0.0)) {
-        N += warp_allsum(rare_N[r]);
-        nr = warp_allsum(nr);
-      }
-      if (!__all_sync(0xffffffffu, ok[r])) sr = NAN;
-      if (b >= B) break;
-      if (num_chunks > 1) {
-        if (lane == 0) partial[b * num_chunks + c] = {sr, N, nr, 0.0};
-        continue;
-      }
-      if ((i & 31) == lane) {
-        my_b = b, my_s = sr, my_N = N, my_norm = nr;
-      }
-      if ((i & 31) == 31) {
-        out[my_b] = static_cast<float>(finish_row(my_s, my_N, my_norm, A, normalize));
-        my_b = -1;
-      }
+      writer.add(o, A, b, b < B, s[r], table_N[r], rare_N[r], norm[r], ok[r]);
     }
   }
-  if (my_b >= 0) out[my_b] = static_cast<float>(finish_row(my_s, my_N, my_norm, A, normalize));
+  writer.flush(o, A);
 }
 
 }  // namespace cuda

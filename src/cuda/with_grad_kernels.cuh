@@ -50,15 +50,8 @@ __global__ void __launch_bounds__(kColThreads * kGroups, 1)
 
   const count_t* base = counts + v0;
   const int64_t v_end = V - v0;  // columns left from v0
-  // Launched as a dependent of prep_and_table_kernel (launch_dependent): the
-  // group's first two row batches go to L2 while the tables are computed.
-  if (v_end > 0) {
-#pragma unroll 1
-    for (int64_t b = b_begin + group * kRowBatch, i = 0; b < b_end && i < 2 * kRowBatch; ++b, ++i) {
-      if (lane % (128 / (4 * sizeof(count_t))) == 0) prefetch_l2(base + b * V);
-      if (i == kRowBatch - 1) b += (kGroups - 1) * kRowBatch;
-    }
-  }
+  // Launched as a dependent of prep_and_table_kernel (launch_dependent): its
+  // launch overlaps the tables' preparation.
   wait_for_prior_grid();
   extern __shared__ float tabs[];  // [lnpoch slice | alpha dpoch slice]
   stage_table_slice(tabs, lnp_table, blockIdx.x);  // columns past V: entry 0 (= 0)
