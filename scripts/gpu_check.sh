@@ -86,6 +86,10 @@ fi
 if has bench; then
   run_stage bench bench "$PY" -m dirmult_ext.bench --per-sample --components 16 --markdown \
     --json "$OUT/bench.json"
+  # The same shapes with a synchronize after every call (the latency of an
+  # isolated call; the timing of the sessions before the queued default).
+  run_stage bench "bench synced" "$PY" -m dirmult_ext.bench --timing synced --no-compile \
+    --markdown --quiet
 fi
 if has profile && command -v ncu >/dev/null; then
   run_stage profile "ncu" timeout 300 ncu --clock-control none \
