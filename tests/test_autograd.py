@@ -5,6 +5,7 @@ import torch
 import dirmult_ext
 
 from test_component_tables import weighted_component_grads
+from reference import magnitudes
 from test_values import random_counts
 
 
@@ -110,13 +111,21 @@ def _grads(fn, counts, la, upstream):
 @pytest.mark.parametrize("counts_grad", [False, True])
 def test_eager_fast_path_matches_registered_op(device, dtype, counts_grad):
     # The Python API's eager path (its own autograd.Function) and the op's
-    # registered autograd formula must be the same numbers, bit for bit.
+    # registered autograd formula must be the same numbers, bit for bit --
+    # except where the eager path takes the single pass (log_lik_with_grad:
+    # CUDA float32 from 32 rows, only log_alpha needing a gradient), whose
+    # forward sums each row in another order than the forward kernel (here
+    # the one-launch small-problem kernel): there, float32 rounding apart.
     counts, la = _inputs(device, B=40, V=300, frac=counts_grad)
     counts, la = counts.to(dtype).requires_grad_(counts_grad), la.detach().to(dtype)
     upstream = torch.randn(40, dtype=dtype, device=device)
     fast = _grads(lambda c, a: dirmult_ext.log_lik(c, a, normalize=True), counts, la, upstream)
     op = _grads(lambda c, a: torch.ops.dirmult.log_lik(c, a, True), counts, la, upstream)
     assert len(fast) == len(op) == (3 if counts_grad else 2)
+    if torch.device(device).type == "cuda" and dtype == torch.float32 and not counts_grad:
+        rows, _ = magnitudes(counts, la, normalize=True)
+        assert ((fast[0].double() - op[0].double()).abs().cpu() / rows).max() < 1e-6
+        fast, op = fast[1:], op[1:]  # (the upstream gradient is not uniform: same backward)
     for f, o in zip(fast, op):
         assert torch.equal(f, o)
     cfast = _grads(lambda c, a: dirmult_ext.log_lik_components(c, a),
