@@ -99,3 +99,35 @@ def test_parse_shapes():
     for bad in (["nope"], ["a=3y4"], ["a=3x4:2"]):
         with pytest.raises(ValueError):
             bench.parse_shapes(bad, bench.CPU_SHAPES)
+
+
+def test_rotation_defeats_a_cache_of_the_given_size():
+    import torch
+    counts = torch.randint(0, 10, (64, 32), dtype=torch.float32)
+    nbytes = counts.numel() * 4
+    nxt = bench.rotation(counts, cache_bytes=5 * nbytes)  # 15 copies: 3x the cache
+    seen = [nxt() for _ in range(31)]
+    ptrs = [t.data_ptr() for t in seen]
+    assert len(set(ptrs)) == 15 and ptrs[:15] == ptrs[15:30]  # in turn, each once
+    assert seen[0] is counts and all(torch.equal(t, counts) for t in seen)
+    assert bench.rotation(counts, cache_bytes=0)() is counts  # no cache (CPU)
+    many = bench.rotation(counts, cache_bytes=1000 * nbytes)
+    assert len({many().data_ptr() for _ in range(200)}) == 64  # at most 64 copies
+
+
+@pytest.mark.parametrize("timing", ["queued", "synced"])
+def test_bench_timing_option(timing):
+    out = json.loads(_run_json(["--quick", "--device", "cpu", "--no-compile", "--quiet",
+                                "--shapes", "seed", "--timing", timing]))
+    assert out["timer"]["mode"] == "cpu"  # the CUDA modes; the CPU times each call
+    assert _positive_finite(out["shapes"][0]["times"]["ext_fwd"]["median_us"])
+
+
+def _run_json(args):
+    import contextlib
+    import io
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert bench.main(args + ["--json", "-"]) == 0
+    text = buf.getvalue()
+    return text[text.index("\n{") + 1:]

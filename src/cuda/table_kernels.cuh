@@ -285,7 +285,7 @@ __device__ __forceinline__ int table_slot(int v, int n) {
   return n * kTableChunk + (v & 3) * (kTableChunk / 4) + (v >> 2);
 }
 
-// A warp's rows in the table forward kernels, one after the other: add()
+// A warp's rows in forward_table_kernel, one after the other: add()
 // reduces a row's sums over the warp; with one chunk per row, lane i % 32
 // keeps the warp's i-th row and finishes it (float64 lnpoch(A, N)) once 32
 // rows are in, so that the finish runs for 32 rows at once, and flush()
