@@ -119,3 +119,22 @@ def test_jit_script_module_saved_and_loaded_in_fresh_process(tmp_path, device):
     torch.testing.assert_close(got, expected.cpu())
     # and the loaded module trains (autograd through the op)
     assert torch.allclose(expected.double(), log_lik_float64(counts, model.log_alpha.detach()), rtol=1e-5)
+
+
+@pytest.mark.parametrize("reduction", ["sum", "mean"])
+def test_module_reduction_eager_and_scripted(device, reduction):
+    model = dirmult_ext.DirichletMultinomialLogLik(12, torch.randn(12), reduction=reduction)
+    model = model.to(device)
+    scripted = torch.jit.script(model)
+    counts = random_counts((70, 12), torch.float32, device)
+    rows = dirmult_ext.log_lik(counts, model.log_alpha.detach())
+    expected = rows.sum() if reduction == "sum" else rows.mean()
+    for m in (model, scripted):
+        out = m(counts)
+        assert out.shape == ()
+        torch.testing.assert_close(out, expected, rtol=1e-6, atol=0.0)
+        g, = torch.autograd.grad(out, m.log_alpha)
+        assert torch.isfinite(g).all()
+    assert f"reduction='{reduction}'" in repr(model)
+    with pytest.raises(ValueError, match="reduction must be one of"):
+        dirmult_ext.DirichletMultinomialLogLik(12, reduction="avg")

@@ -166,6 +166,38 @@ def test_single_pass_is_taken_where_it_applies(device):
         assert dirmult_ext.log_lik(counts, la).grad_fn is None
 
 
+@pytest.mark.parametrize("reduction", ["sum", "mean"])
+def test_reduction_takes_the_single_pass(device, reduction):
+    counts, la = _autograd_case(device)
+    red = dirmult_ext.log_lik(counts, la, reduction=reduction)
+    la2 = la.detach().clone().requires_grad_()
+    out = dirmult_ext.log_lik(counts, la2)
+    ref = out.sum() if reduction == "sum" else out.mean()
+    assert red.shape == () and red.dtype == torch.float32
+    torch.testing.assert_close(red, ref, rtol=1e-6, atol=0.0)
+    node = red.grad_fn
+    while not hasattr(node, "grad_of_sum"):  # (DivBackward0 ->) SumBackward0 -> log_lik
+        node = node.next_functions[0][0]
+    saved = node.grad_of_sum
+    assert saved is not None
+    g, = torch.autograd.grad(red, la)
+    scale = torch.ones((), device=device) / (1 if reduction == "sum" else out.numel())
+    assert torch.equal(g, saved * scale)  # the saved gradient, scaled: no second read
+    g2, = torch.autograd.grad(ref, la2)
+    torch.testing.assert_close(g, g2, rtol=1e-5, atol=1e-6)
+
+
+def test_reduction_none_empty_and_bad():
+    counts = torch.zeros(0, 5)
+    la = torch.zeros(5)
+    assert dirmult_ext.log_lik(counts, la, reduction="sum").item() == 0.0
+    assert torch.isnan(dirmult_ext.log_lik(counts, la, reduction="mean"))
+    c = torch.randint(0, 5, (4, 5)).float()
+    assert torch.equal(dirmult_ext.log_lik(c, la, reduction="none"), dirmult_ext.log_lik(c, la))
+    with pytest.raises(ValueError, match="reduction must be one of 'none', 'sum', 'mean'"):
+        dirmult_ext.log_lik(c, la, reduction="avg")
+
+
 def test_uniform_gradient_detection():
     assert _ops._is_uniform(torch.ones(()).expand(7))
     assert _ops._is_uniform(torch.ones(()).expand(3, 4))

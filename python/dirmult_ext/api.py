@@ -47,9 +47,12 @@ def _check_finite(counts: Tensor, log_alpha: Tensor, name: str) -> None:
         raise ValueError(f"{name} contains NaN or infinite values")
 
 
+REDUCTIONS = ("none", "sum", "mean")
+
+
 def log_lik(counts: Tensor, log_alpha: Optional[Tensor] = None, *,
             alpha: Optional[Tensor] = None, normalize: bool = False,
-            validate: bool = False) -> Tensor:
+            validate: bool = False, reduction: str = "none") -> Tensor:
     r"""Dirichlet-multinomial log-likelihood of count vectors.
 
     .. math::
@@ -73,24 +76,32 @@ def log_lik(counts: Tensor, log_alpha: Optional[Tensor] = None, *,
             non-finite concentrations (synchronizes with the device). Without
             it such a row's result is NaN (non-finite shared ``log_alpha``
             makes every row NaN).
+        reduction: ``"none"`` (the rows' log-likelihoods), ``"sum"`` or
+            ``"mean"`` over them (a 0-d tensor; the mean of no rows is NaN).
+            ``"mean"`` is the sum divided by the number of rows, so that its
+            gradient reaches the op as one number for every row: it takes
+            the single pass below, where ``out.mean()`` would not.
 
     Returns:
-        ``counts.shape[:-1]`` log-likelihoods, float64 if ``counts`` or the
-        concentration is float64, else float32 (float16/bfloat16/integer
-        counts are computed in float32).
+        ``counts.shape[:-1]`` log-likelihoods (reduced by ``reduction``),
+        float64 if ``counts`` or the concentration is float64, else float32
+        (float16/bfloat16/integer counts are computed in float32).
 
     Differentiable with respect to ``log_alpha``/``alpha`` and to floating
     ``counts``. When only a shared ``log_alpha`` needs the gradient (eager
     mode; on CUDA float32 from 32 rows, on CPU from 64), the forward also
     computes the gradient of the rows' sum in the same read of the counts,
     and a backward of ``out.sum()`` (or ``-out.sum()``, ``out.sum() / n``)
-    costs only a scaling; ``out.mean()`` and weighted sums take the regular
-    backward. Rows whose incoming gradient is exactly 0 do not enter the
+    costs only a scaling (so does ``reduction="mean"``); ``out.mean()`` and
+    weighted sums take the regular backward. Rows whose incoming gradient is exactly 0 do not enter the
     gradient of shared or component concentrations (their bad counts do not
     make it NaN; on CUDA, runs of 8 such rows are not even read).
     """
     if (log_alpha is None) == (alpha is None):
         raise ValueError("pass exactly one of log_alpha and alpha")
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction must be one of {', '.join(map(repr, REDUCTIONS))}, "
+                         f"got {reduction!r}")
     name = "log_alpha"
     if alpha is not None:
         _check_inputs(counts, alpha, "alpha")
@@ -110,7 +121,13 @@ def log_lik(counts: Tensor, log_alpha: Optional[Tensor] = None, *,
         log_alpha = log_alpha.to(dtype)
     if validate:
         _check_finite(counts, log_alpha, name)
-    return call_log_lik(counts, log_alpha, normalize)
+    out = call_log_lik(counts, log_alpha, normalize)
+    if reduction == "none":
+        return out
+    total = out.sum()
+    # (A division by the row count, not out.mean(): mean's backward hands
+    # every row grad / n as a dense tensor, which is not seen as uniform.)
+    return total if reduction == "sum" else total / out.numel()
 
 
 def log_lik_components(counts: Tensor, log_alpha: Tensor, *,
@@ -146,11 +163,19 @@ class DirichletMultinomialLogLik(nn.Module):
         num_categories: V.
         init_log_alpha: initial value (V,), default zeros (alpha = 1).
         normalize: add the multinomial coefficient.
+        reduction: ``"none"``, ``"sum"`` or ``"mean"`` over the rows, as in
+            ``log_lik`` (``"mean"`` takes the single pass; ``.mean()`` of
+            the rows does not).
     """
 
     def __init__(self, num_categories: int, init_log_alpha: Optional[Tensor] = None,
-                 normalize: bool = False, dtype: torch.dtype = torch.float32):
+                 normalize: bool = False, dtype: torch.dtype = torch.float32,
+                 reduction: str = "none"):
         super().__init__()
+        if reduction not in REDUCTIONS:
+            raise ValueError(f"reduction must be one of {', '.join(map(repr, REDUCTIONS))}, "
+                             f"got {reduction!r}")
+        self.reduction = reduction
         if init_log_alpha is None:
             init_log_alpha = torch.zeros(num_categories, dtype=dtype)
         if init_log_alpha.shape != (num_categories,):
@@ -166,15 +191,22 @@ class DirichletMultinomialLogLik(nn.Module):
         if counts.dtype == torch.float64:
             la = la.to(torch.float64)
         if torch.jit.is_scripting():
-            return torch.ops.dirmult.log_lik(counts, la, self.normalize)
-        return self._eager_log_lik(counts, la)
+            out = torch.ops.dirmult.log_lik(counts, la, self.normalize)
+        else:
+            out = self._eager_log_lik(counts, la)
+        if self.reduction == "sum":
+            return out.sum()
+        if self.reduction == "mean":
+            return out.sum() / out.numel()
+        return out
 
     @torch.jit.unused
     def _eager_log_lik(self, counts: Tensor, la: Tensor) -> Tensor:
         return call_log_lik(counts, la, self.normalize)
 
     def extra_repr(self) -> str:
-        return f"num_categories={self.log_alpha.shape[0]}, normalize={self.normalize}"
+        extra = f", reduction={self.reduction!r}" if self.reduction != "none" else ""
+        return f"num_categories={self.log_alpha.shape[0]}, normalize={self.normalize}{extra}"
 
 
 def reference_log_lik(counts: Tensor, log_alpha: Tensor, normalize: bool = False) -> Tensor:
