@@ -162,3 +162,34 @@ def test_results_are_deterministic(device):
     out2 = dirmult_ext.log_lik(counts, log_alpha)
     g2, = torch.autograd.grad(out2.sum(), log_alpha)
     assert torch.equal(out1, out2) and torch.equal(g1, g2)
+
+
+# Bad counts far outside int's range: the CPU table test once converted them
+# to int first (undefined) and read before the table; -2^31 crashed. Every
+# path gives NaN for the bad rows only, the others stay exact.
+@pytest.mark.parametrize("B", [8, 70])  # math path / lookup tables
+def test_extreme_negative_counts_give_nan_rows(device, B):
+    bad = [-1.0, -2.0 ** 31, -3e9, -float("inf"), float("nan"), -0.5]
+    for dtype in (torch.float32, torch.float64):
+        counts = random_counts((B, 6), dtype, "cpu")
+        rows = list(range(0, B, max(1, B // len(bad))))[:len(bad)]
+        for r, x in zip(rows, bad):
+            counts[r, r % 6] = x
+        good = torch.ones(B, dtype=torch.bool)
+        good[rows] = False
+        ref = log_lik_float64(counts[good], torch.zeros(6))
+        c = counts.to(device)
+        for la in (torch.zeros(6, dtype=dtype, device=device),
+                   torch.zeros(B, 6, dtype=dtype, device=device)):
+            out = dirmult_ext.log_lik(c, la).cpu()
+            assert torch.isnan(out[rows]).all() and not torch.isnan(out[good]).any()
+            assert ((out[good].double() - ref).abs() / ref.abs().clamp_min(1.0)).max() < tolerance(dtype)
+            g, gc = torch.ops.dirmult.log_lik_backward(torch.ones(B, dtype=dtype, device=device),
+                                                       c, la, False, True)
+            assert torch.isnan(g).any() and gc.shape == c.shape
+        comps = dirmult_ext.log_lik_components(c, torch.zeros(3, 6, dtype=dtype, device=device))
+        assert torch.isnan(comps[rows]).all() and not torch.isnan(comps[good]).any()
+        w = good.to(dtype=dtype, device=device)  # bad rows weigh 0: a finite gradient
+        la = torch.zeros(6, dtype=dtype, device=device, requires_grad=True)
+        g, = torch.autograd.grad((dirmult_ext.log_lik(c, la) * w).sum(), la)
+        assert torch.isfinite(g).all()

@@ -41,7 +41,7 @@ struct ComponentTable {
   }
 };
 
-// Gathers row b's nonzero entries; returns false when a count is invalid.
+// Gathers row b's nonzero valid entries; returns false when a count is invalid.
 template <typename scalar_t, typename count_t>
 bool gather_row(const count_t* row, int64_t V, std::vector<int64_t>& idx,
                 std::vector<scalar_t>& val, double& N) {
@@ -52,7 +52,10 @@ bool gather_row(const count_t* row, int64_t V, std::vector<int64_t>& idx,
   for (int64_t v = 0; v < V; ++v) {
     const scalar_t n = static_cast<scalar_t>(row[v]);
     if (n == scalar_t(0)) continue;
-    ok = ok && is_valid_count(n);
+    if (!is_valid_count(n)) {  // the row is NaN; its terms are not evaluated
+      ok = false;
+      continue;
+    }
     N += static_cast<double>(row[v]);
     idx.push_back(v);
     val.push_back(n);

@@ -63,10 +63,15 @@ struct SharedAlpha {
   }
 };
 
+// Whether n is an integer in [0, kMaxExactCount] (then idx = n). The range
+// comes first: converting a float outside int's range is undefined, and a
+// count of -1 or -2^31 passed the old test with idx = n and read before the
+// table (-2^31 crashed the process).
 template <typename scalar_t>
 inline bool table_index(scalar_t n, int& idx) {
+  if (!(n >= scalar_t(0) && n <= scalar_t(kMaxExactCount))) return false;  // NaN too
   idx = static_cast<int>(n);
-  return n <= scalar_t(kMaxExactCount) && static_cast<scalar_t>(idx) == n;
+  return static_cast<scalar_t>(idx) == n;
 }
 
 // The per-row part that does not depend on the columns:
@@ -118,33 +123,84 @@ void for_each_row(int64_t B, int64_t V, Part part, Finish finish) {
   }
 }
 
+// Adds count c of column v to a row's sums by the math path; a bad count
+// only clears ok (its terms are not evaluated).
+template <typename scalar_t, typename count_t>
+inline void add_math_term(RowSums& r, const SharedAlpha<scalar_t>& sa, int64_t v, count_t c,
+                          bool normalize) {
+  const scalar_t n = static_cast<scalar_t>(c);
+  if (n == scalar_t(0)) return;
+  if (!is_valid_count(n)) {
+    r.ok = false;
+    return;
+  }
+  r.N += static_cast<double>(c);
+  r.s += lnpoch(sa.factors[v], sa.alpha[v], sa.log_alpha[v], n);
+  if (normalize) r.s -= log_factorial(n);
+}
+
+// The lnpoch table of shared alpha (log n! subtracted when normalized), or
+// none for fewer than kTableMinRows rows.
+template <typename scalar_t>
+std::vector<scalar_t> lnp_table(const SharedAlpha<scalar_t>& sa, int64_t B, bool normalize) {
+  return sa.table(B, normalize, [&](int64_t v, scalar_t n) {
+    const scalar_t t = lnpoch(sa.factors[v], sa.alpha[v], sa.log_alpha[v], n);
+    return normalize ? t - log_factorial(n) : t;
+  });
+}
+
+// A row's lnpoch sum, count total and validity over columns [v0, v1), shared
+// alpha. With the table (lnp_table): counts that are integers in [0,
+// kMaxExactCount] read it, zeros included (entry 0 is 0), into four
+// interleaved sums (one chain of dependent double adds per row bounded the
+// loop) and an integer count total; the others take the math path in column
+// order into sums added last. The forward and the CPU single pass both sum
+// rows here, so they agree bit for bit.
+template <typename scalar_t, typename count_t>
+RowSums lnp_row_sums(const count_t* row, int64_t v0, int64_t v1,
+                     const std::vector<scalar_t>& table, const SharedAlpha<scalar_t>& sa,
+                     bool normalize) {
+  RowSums rare;
+  if (table.empty()) {
+    for (int64_t v = v0; v < v1; ++v) add_math_term(rare, sa, v, row[v], normalize);
+    return rare;
+  }
+  const scalar_t* t = table.data();
+  double s[4] = {0.0, 0.0, 0.0, 0.0};
+  int64_t table_N = 0;
+  auto add = [&](int64_t v, double& sum) {
+    const scalar_t n = static_cast<scalar_t>(row[v]);
+    int idx;
+    if (table_index(n, idx)) {
+      sum += static_cast<double>(t[v * kTableWidth + idx]);
+      table_N += idx;
+    } else {
+      add_math_term(rare, sa, v, row[v], normalize);
+    }
+  };
+  int64_t v = v0;
+  for (; v + 4 <= v1; v += 4) {
+    add(v, s[0]);
+    add(v + 1, s[1]);
+    add(v + 2, s[2]);
+    add(v + 3, s[3]);
+  }
+  for (; v < v1; ++v) add(v, s[0]);
+  RowSums r;
+  r.s = ((s[0] + s[1]) + (s[2] + s[3])) + rare.s;
+  r.N = static_cast<double>(table_N) + rare.N;
+  r.ok = rare.ok;
+  return r;
+}
+
 template <typename scalar_t, typename count_t>
 void forward_rows(const count_t* counts, const scalar_t* la, bool shared,
                   int64_t B, int64_t V, bool normalize, scalar_t* out) {
   if (shared) {
     const SharedAlpha<scalar_t> sa(la, V);
-    // Small integer counts read their term from a per-column table.
-    const std::vector<scalar_t> table = sa.table(B, normalize, [&](int64_t v, scalar_t n) {
-      scalar_t t = lnpoch(sa.factors[v], sa.alpha[v], sa.log_alpha[v], n);
-      return normalize ? t - log_factorial(n) : t;
-    });
+    const std::vector<scalar_t> table = lnp_table(sa, B, normalize);
     auto part = [&](int64_t b, int64_t v0, int64_t v1) {
-      const count_t* row = counts + b * V;
-      RowSums r;
-      for (int64_t v = v0; v < v1; ++v) {
-        const scalar_t n = static_cast<scalar_t>(row[v]);
-        if (n == scalar_t(0)) continue;
-        r.ok = r.ok && is_valid_count(n);
-        r.N += static_cast<double>(row[v]);
-        int idx;
-        if (!table.empty() && table_index(n, idx)) {
-          r.s += table[v * kTableWidth + idx];
-          continue;
-        }
-        r.s += lnpoch(sa.factors[v], sa.alpha[v], sa.log_alpha[v], n);
-        if (normalize) r.s -= log_factorial(n);
-      }
-      return r;
+      return lnp_row_sums<scalar_t, count_t>(counts + b * V, v0, v1, table, sa, normalize);
     };
     for_each_row(B, V, part, [&](int64_t b, const RowSums& r) {
       const bool ok = r.ok && sa.finite;
@@ -162,7 +218,10 @@ void forward_rows(const count_t* counts, const scalar_t* la, bool shared,
       r.A += static_cast<double>(a);
       const scalar_t n = static_cast<scalar_t>(row[v]);
       if (n == scalar_t(0)) continue;
-      r.ok = r.ok && is_valid_count(n);
+      if (!is_valid_count(n)) {  // the row is NaN; no term for it
+        r.ok = false;
+        continue;
+      }
       r.N += static_cast<double>(row[v]);
       r.s += lnpoch(a, lrow[v], n);
       if (normalize) r.s -= log_factorial(n);
@@ -230,7 +289,8 @@ void backward_shared_few_rows(const scalar_t* grad, const count_t* counts,
       double c = 0.0;
       for (int64_t b = 0; b < B; ++b) {
         const scalar_t n = static_cast<scalar_t>(counts[b * V + v]);
-        if (n == scalar_t(0) || grad[b] == scalar_t(0)) continue;
+        // (A bad count's row has N[b] NaN: S and so the gradient are NaN.)
+        if (n == scalar_t(0) || grad[b] == scalar_t(0) || !is_valid_count(n)) continue;
         c += static_cast<double>(grad[b]) * static_cast<double>(term(v, n));
       }
       grad_la[v] = static_cast<scalar_t>(c - static_cast<double>(sa.alpha[v]) * S);
@@ -261,24 +321,8 @@ void backward_shared(const scalar_t* grad, const count_t* counts,
     return !table.empty() && table_index(n, idx) ? table[v * kTableWidth + idx]
                                                  : adpoch(sa.factors[v], sa.alpha[v], n);
   };
-  const bool normalize = rows.normalize;
-  std::vector<scalar_t> lnp_table;
-  if constexpr (kRows) {
-    lnp_table = sa.table(B, normalize, [&](int64_t v, scalar_t n) {
-      const scalar_t t = lnpoch(sa.factors[v], sa.alpha[v], sa.log_alpha[v], n);
-      return normalize ? t - log_factorial(n) : t;
-    });
-  }
-  // Adds count n's term to a row's sum as forward_rows does (the same bits).
-  auto add_lnp_term = [&](double& sum, int64_t v, scalar_t n) {
-    int idx;
-    if (!lnp_table.empty() && table_index(n, idx)) {
-      sum += lnp_table[v * kTableWidth + idx];
-      return;
-    }
-    sum += lnpoch(sa.factors[v], sa.alpha[v], sa.log_alpha[v], n);
-    if (normalize) sum -= log_factorial(n);
-  };
+  std::vector<scalar_t> lnp;
+  if constexpr (kRows) lnp = lnp_table(sa, B, rows.normalize);
   if (!kRows && B < kRowsForRowsOnly && V > kColumnChunk) {
     backward_shared_few_rows<scalar_t, count_t>(grad, counts, sa, B, V, term, grad_la);
     return;
@@ -296,20 +340,25 @@ void backward_shared(const scalar_t* grad, const count_t* counts,
         const count_t* row = counts + b * V;
         const double g = grad != nullptr ? static_cast<double>(grad[b]) : 1.0;
         if (g == 0.0) continue;  // zero_weight_rows (src/cuda/backward_kernels.cuh)
-        double N = 0.0, lsum = 0.0;
+        double N = 0.0;
         bool ok = true;
         for (int64_t v = 0; v < V; ++v) {
           const scalar_t n = static_cast<scalar_t>(row[v]);
           if (n == scalar_t(0)) continue;
-          ok = ok && is_valid_count(n);
+          if (!is_valid_count(n)) {  // the row's S term is NaN; no term for it
+            ok = false;
+            continue;
+          }
           N += static_cast<double>(row[v]);
           c[v] += g * static_cast<double>(term(v, n));
-          if constexpr (kRows) add_lnp_term(lsum, v, n);
         }
         s += ok ? g * dpoch<double>(sa.total, N) : kNaN;
         if constexpr (kRows) {
-          rows.out[b] = static_cast<scalar_t>(ok && sa.finite ? lsum + row_term(sa.total, N, normalize)
-                                                              : kNaN);
+          // The row's log-likelihood summed as forward_rows sums it (the
+          // same bits), in a second pass over the row, from the cache.
+          const RowSums r = lnp_row_sums<scalar_t, count_t>(row, 0, V, lnp, sa, rows.normalize);
+          rows.out[b] = static_cast<scalar_t>(
+              r.ok && sa.finite ? r.s + row_term(sa.total, r.N, rows.normalize) : kNaN);
         }
       }
       s_part[k] = s;
@@ -344,8 +393,9 @@ void backward_rows(const scalar_t* grad, const count_t* counts,
         for (int64_t v = 0; v < V; ++v) {
           const scalar_t a = dm_exp(lrow[v]);
           const scalar_t n = static_cast<scalar_t>(row[v]);
-          grad_la[b * V + v] = static_cast<scalar_t>(
-              g * (static_cast<double>(adpoch(a, n)) - static_cast<double>(a) * d));
+          // (A bad count makes N, d and the row's gradient NaN.)
+          const double t = is_valid_count(n) ? static_cast<double>(adpoch(a, n)) : kNaN;
+          grad_la[b * V + v] = static_cast<scalar_t>(g * (t - static_cast<double>(a) * d));
         }
       }
       if (grad_counts != nullptr) {
