@@ -68,8 +68,7 @@ struct SharedAlpha {
 
 // Whether n is an integer in [0, kMaxExactCount] (then idx = n). The range
 // comes first: converting a float outside int's range is undefined, and a
-// count of -1 or -2^31 passed the old test with idx = n and read before the
-// table (-2^31 crashed the process).
+// negative idx would read before the table (a count of -2^31 crashed).
 template <typename scalar_t>
 inline bool table_index(scalar_t n, int& idx) {
   if (!(n >= scalar_t(0) && n <= scalar_t(kMaxExactCount))) return false;  // NaN too
@@ -174,11 +173,11 @@ std::vector<scalar_t> lnp_table(const SharedAlpha<scalar_t>& sa, int64_t B, bool
 
 // A row's lnpoch sum, count total and validity over columns [v0, v1), shared
 // alpha. With the table (lnp_table): counts that are integers in [0,
-// kMaxExactCount] read it, zeros included (entry 0 is 0; sixteen zeros in
-// a row are skipped), into four interleaved sums (one chain of dependent
-// double adds per row bounded the loop) and an integer count total; the others take the math path in column
-// order into sums added last. The forward and the CPU single pass both sum
-// rows here, so they agree bit for bit.
+// kMaxExactCount] read it, zeros included (entry 0 is 0; sixteen zeros in a
+// row are skipped), into four interleaved sums (one chain of dependent
+// double adds per row bounded the loop) and an integer count total; the
+// others take the math path in column order into sums added last. The
+// forward and the CPU single pass both sum rows here: the same bits.
 template <typename scalar_t, typename count_t>
 RowSums lnp_row_sums(const count_t* row, int64_t v0, int64_t v1,
                      const std::vector<scalar_t>& table, const SharedAlpha<scalar_t>& sa,
