@@ -326,6 +326,52 @@ void backward_shared_few_rows(const scalar_t* grad, const count_t* counts,
   });
 }
 
+// Adds g adpoch(a_v, n_v) to c[v] for one row's counts (shared alpha) and
+// returns the row's count total, NaN for a bad count (whose term is not
+// evaluated). With the adpoch table: counts on it add their entry without a
+// branch (a zero adds g * 0, nothing), sixteen zeros in a row are skipped by
+// one test (as lnp_row_sums); the others take the math path.
+template <typename scalar_t, typename count_t>
+double add_row_gradient(const count_t* row, int64_t V, double g,
+                        const std::vector<scalar_t>& table, const SharedAlpha<scalar_t>& sa,
+                        double* c) {
+  double rare_N = 0.0;
+  int64_t table_N = 0;
+  bool ok = true;
+  auto rare = [&](int64_t v) {
+    const scalar_t n = static_cast<scalar_t>(row[v]);
+    if (n == scalar_t(0)) return;
+    if (!is_valid_count(n)) {
+      ok = false;
+      return;
+    }
+    rare_N += static_cast<double>(row[v]);
+    c[v] += g * static_cast<double>(adpoch(sa.factors[v], sa.alpha[v], n));
+  };
+  if (table.empty()) {
+    for (int64_t v = 0; v < V; ++v) rare(v);
+    return ok ? rare_N : kNaN;
+  }
+  const scalar_t* t = table.data();
+  auto add = [&](int64_t v) {
+    const scalar_t n = static_cast<scalar_t>(row[v]);
+    int idx;
+    if (table_index(n, idx)) {
+      c[v] += g * static_cast<double>(t[v * kTableWidth + idx]);
+      table_N += idx;
+    } else {
+      rare(v);
+    }
+  };
+  int64_t v = 0;
+  for (; v + 16 <= V; v += 16) {
+    if (zeros16(row + v)) continue;
+    for (int i = 0; i < 16; ++i) add(v + i);
+  }
+  for (; v < V; ++v) add(v);
+  return ok ? static_cast<double>(table_N) + rare_N : kNaN;
+}
+
 // Where backward_shared also writes the rows' log-likelihoods
 // (log_lik_with_grad: unit row weights, one read of the counts).
 template <typename scalar_t>
@@ -368,19 +414,8 @@ void backward_shared(const scalar_t* grad, const count_t* counts,
         const count_t* row = counts + b * V;
         const double g = grad != nullptr ? static_cast<double>(grad[b]) : 1.0;
         if (g == 0.0) continue;  // zero_weight_rows (src/cuda/backward_kernels.cuh)
-        double N = 0.0;
-        bool ok = true;
-        for (int64_t v = 0; v < V; ++v) {
-          const scalar_t n = static_cast<scalar_t>(row[v]);
-          if (n == scalar_t(0)) continue;
-          if (!is_valid_count(n)) {  // the row's S term is NaN; no term for it
-            ok = false;
-            continue;
-          }
-          N += static_cast<double>(row[v]);
-          c[v] += g * static_cast<double>(term(v, n));
-        }
-        s += ok ? g * dpoch<double>(sa.total, N) : kNaN;
+        const double N = add_row_gradient<scalar_t, count_t>(row, V, g, table, sa, c);
+        s += N == N ? g * dpoch<double>(sa.total, N) : kNaN;
         if constexpr (kRows) {
           // The row's log-likelihood summed as forward_rows sums it (the
           // same bits), in a second pass over the row, from the cache.
