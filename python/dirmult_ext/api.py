@@ -50,6 +50,23 @@ def _check_finite(counts: Tensor, log_alpha: Tensor, name: str) -> None:
 REDUCTIONS = ("none", "sum", "mean")
 
 
+def _check_reduction(reduction: str) -> None:
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction must be one of {', '.join(map(repr, REDUCTIONS))}, "
+                         f"got {reduction!r}")
+
+
+def _reduce(out: Tensor, reduction: str) -> Tensor:
+    """The rows' sum or mean. The mean is the sum divided by the row count,
+    not out.mean(): mean's backward hands every row grad / n as a dense
+    tensor, which the single pass does not see as uniform."""
+    if reduction == "sum":
+        return out.sum()
+    if reduction == "mean":
+        return out.sum() / out.numel()
+    return out
+
+
 def log_lik(counts: Tensor, log_alpha: Optional[Tensor] = None, *,
             alpha: Optional[Tensor] = None, normalize: bool = False,
             validate: bool = False, reduction: str = "none") -> Tensor:
@@ -99,9 +116,7 @@ def log_lik(counts: Tensor, log_alpha: Optional[Tensor] = None, *,
     """
     if (log_alpha is None) == (alpha is None):
         raise ValueError("pass exactly one of log_alpha and alpha")
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"reduction must be one of {', '.join(map(repr, REDUCTIONS))}, "
-                         f"got {reduction!r}")
+    _check_reduction(reduction)
     name = "log_alpha"
     if alpha is not None:
         _check_inputs(counts, alpha, "alpha")
@@ -121,13 +136,7 @@ def log_lik(counts: Tensor, log_alpha: Optional[Tensor] = None, *,
         log_alpha = log_alpha.to(dtype)
     if validate:
         _check_finite(counts, log_alpha, name)
-    out = call_log_lik(counts, log_alpha, normalize)
-    if reduction == "none":
-        return out
-    total = out.sum()
-    # (A division by the row count, not out.mean(): mean's backward hands
-    # every row grad / n as a dense tensor, which is not seen as uniform.)
-    return total if reduction == "sum" else total / out.numel()
+    return _reduce(call_log_lik(counts, log_alpha, normalize), reduction)
 
 
 def log_lik_components(counts: Tensor, log_alpha: Tensor, *,
@@ -172,9 +181,7 @@ class DirichletMultinomialLogLik(nn.Module):
                  normalize: bool = False, dtype: torch.dtype = torch.float32,
                  reduction: str = "none"):
         super().__init__()
-        if reduction not in REDUCTIONS:
-            raise ValueError(f"reduction must be one of {', '.join(map(repr, REDUCTIONS))}, "
-                             f"got {reduction!r}")
+        _check_reduction(reduction)
         self.reduction = reduction
         if init_log_alpha is None:
             init_log_alpha = torch.zeros(num_categories, dtype=dtype)
@@ -194,11 +201,7 @@ class DirichletMultinomialLogLik(nn.Module):
             out = torch.ops.dirmult.log_lik(counts, la, self.normalize)
         else:
             out = self._eager_log_lik(counts, la)
-        if self.reduction == "sum":
-            return out.sum()
-        if self.reduction == "mean":
-            return out.sum() / out.numel()
-        return out
+        return _reduce(out, self.reduction)
 
     @torch.jit.unused
     def _eager_log_lik(self, counts: Tensor, la: Tensor) -> Tensor:
