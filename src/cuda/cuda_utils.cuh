@@ -136,18 +136,23 @@ __device__ __forceinline__ T warp_reduce_scatter(T (&v)[KB], int lane) {
   return r;
 }
 
-// Streaming multiprocessors of the current device (cached per device).
-inline int num_sms() {
+// An attribute of the current device, asked of the driver once per device
+// (the launchers need it on every call). 0 until asked: the attributes
+// cached are positive.
+template <cudaDeviceAttr kAttr>
+inline int cached_device_attribute() {
   static int cached[64] = {};
   int dev = 0;
   cudaGetDevice(&dev);
   if (dev < 0 || dev >= 64) dev = 0;
-  if (cached[dev] == 0) {
-    int sms = 0;
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    cached[dev] = sms > 0 ? sms : 132;
-  }
+  if (cached[dev] == 0) cudaDeviceGetAttribute(&cached[dev], kAttr, dev);
   return cached[dev];
+}
+
+// Streaming multiprocessors of the current device.
+inline int num_sms() {
+  const int sms = cached_device_attribute<cudaDevAttrMultiProcessorCount>();
+  return sms > 0 ? sms : 132;
 }
 
 // Programmatic dependent launch (sm_90 and newer). A kernel launched by
@@ -169,18 +174,9 @@ __device__ __forceinline__ void wait_for_prior_grid() {
 #endif
 }
 
-// Whether the current device runs programmatic dependent launches (cached).
+// Whether the current device runs programmatic dependent launches.
 inline bool device_has_dependent_launch() {
-  static int cached[64] = {};  // 0 unknown, 1 no, 2 yes
-  int dev = 0;
-  cudaGetDevice(&dev);
-  if (dev < 0 || dev >= 64) dev = 0;
-  if (cached[dev] == 0) {
-    int major = 0;
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-    cached[dev] = major >= 9 ? 2 : 1;
-  }
-  return cached[dev] == 2;
+  return cached_device_attribute<cudaDevAttrComputeCapabilityMajor>() >= 9;
 }
 
 template <typename... Params, typename... Args>
