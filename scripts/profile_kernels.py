@@ -1,6 +1,6 @@
 """The hot kernels once each at the benchmark shapes, for Nsight Compute
-(scripts/gpu_check.sh's profile stage): the shared-alpha forward, the
-single pass and the backward at tall, the single pass at wide, the forward at sparse, the component table
+(scripts/gpu_check.sh's profile stage): the shared-alpha forward (the ring
+kernel), the single pass and the backward at tall, the single pass at wide, the forward at sparse, the component table
 kernels at K = 16, and the per-sample forward."""
 import torch
 
@@ -11,6 +11,8 @@ g = torch.Generator(device="cuda").manual_seed(1)
 counts = torch.randint(0, 10, (B, V), generator=g, device="cuda", dtype=torch.float32)
 la = (torch.randn(V, generator=g, device="cuda") * 0.5).requires_grad_()
 la_k = (torch.randn(K, V, generator=g, device="cuda") * 0.5).requires_grad_()
+with torch.no_grad():
+    dirmult_ext.log_lik(counts, la)  # the forward alone (forward_table_ring_kernel)
 out = dirmult_ext.log_lik(counts, la)
 torch.autograd.grad(out.sum(), la)  # the single pass (with_grad_kernel)
 out = dirmult_ext.log_lik(counts, la)

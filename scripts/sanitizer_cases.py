@@ -35,6 +35,19 @@ def case(B, V, dtype=torch.float32, shared=True, counts_grad=False, K=None, weig
     torch.testing.assert_close(out.detach().cpu(), ref, rtol=1e-5, atol=1e-3)
 
 
+def forward_case(B, V):
+    """The forward alone (no gradient wanted: the forward kernels, not the
+    single pass)."""
+    counts = torch.randint(0, 12, (B, V), device="cuda").float()
+    counts[0, 0] = 20.5  # off the table
+    la = torch.randn(V, device="cuda")
+    with torch.no_grad():
+        out = dirmult_ext.log_lik(counts, la, normalize=True)
+    ref = dirmult_ext.log_lik(counts.cpu(), la.cpu(), normalize=True)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out.cpu(), ref, rtol=1e-5, atol=1e-3)
+
+
 if __name__ == "__main__":
     case(37, 256)                   # one-launch small forward; table single pass
     case(40, 1000)                  # small forward, four alpha slices in shared memory
@@ -49,7 +62,9 @@ if __name__ == "__main__":
     case(37, 1500, weighted="masked")
     case(30, 300, torch.float64, weighted="masked")
     case(33, 301, torch.uint8)      # single pass: scalar loads, 1-byte counts
-    case(52001, 37)                 # forward table kernel, two rows per warp
+    case(52001, 37)                 # two rows per warp (single pass)
+    forward_case(52001, 37)         # forward table kernel, two rows per warp
+    forward_case(52001, 8)          # ring forward (short rows: zero-filled copies)
     case(5, 301)                    # scalar loads (V % 4 != 0)
     case(3, 9000)                   # split rows
     case(20, 64, torch.uint8)

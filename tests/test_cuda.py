@@ -145,6 +145,30 @@ def test_two_rows_per_warp_forward_matches_float64(dtype):
     assert err[~bad].max() < 2e-6
 
 
+# The ring forward (forward_table_ring_kernel): float32 counts in 16-byte
+# aligned rows, enough rows per warp, chunks that spread evenly over the SMs
+# (launch_forward_table). A ragged last chunk (zero-filled copies), a row
+# count that leaves some warps a row fewer, counts off the table and a bad
+# one; one and two chunks; no gradient, so the forward kernel itself runs.
+@pytest.mark.parametrize("shape", [(52001, 1020), (25601, 2044)])
+def test_ring_forward_matches_float64(shape):
+    B, V = shape
+    counts = random_counts((B, V), torch.float32, "cpu", zero_frac=0.4)
+    counts[5, 3] = 40.5
+    counts[6, V - 1] = 1e6
+    counts[B - 1, 17] = 2.5
+    counts[7, 0] = float("nan")
+    la = torch.empty(V).uniform_(-3, 4)
+    for normalize in (False, True):
+        with torch.no_grad():
+            out = dirmult_ext.log_lik(counts.cuda(), la.cuda(), normalize=normalize).cpu()
+        ref = log_lik_float64(counts, la, normalize)
+        bad = torch.isnan(ref)
+        assert torch.equal(torch.isnan(out), bad) and int(bad.sum()) == 1
+        err = (out.double() - ref).abs() / ref.abs().clamp_min(1.0)
+        assert err[~bad].max() < 2e-6
+
+
 # One launch for small problems (forward_small_kernel: B * V <= 2**18 and
 # V <= 1024), the table path past either limit; the float64 reference on
 # both sides of each, every count dtype, normalized or not.
