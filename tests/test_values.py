@@ -167,7 +167,7 @@ def test_results_are_deterministic(device):
 # Bad counts far outside int's range: the CPU table test once converted them
 # to int first (undefined) and read before the table; -2^31 crashed. Every
 # path gives NaN for the bad rows only, the others stay exact.
-@pytest.mark.parametrize("B", [8, 70])  # math path / lookup tables
+@pytest.mark.parametrize("B", [8, 70])  # CUDA: math path / lookup tables; CPU: tables
 def test_extreme_negative_counts_give_nan_rows(device, B):
     bad = [-1.0, -2.0 ** 31, -3e9, -float("inf"), float("nan"), -0.5]
     for dtype in (torch.float32, torch.float64):
@@ -193,3 +193,43 @@ def test_extreme_negative_counts_give_nan_rows(device, B):
         la = torch.zeros(6, dtype=dtype, device=device, requires_grad=True)
         g, = torch.autograd.grad((dirmult_ext.log_lik(c, la) * w).sum(), la)
         assert torch.isfinite(g).all()
+
+
+# The same bad counts with fewer rows than the CPU's tables need (4): the
+# math path, shared and per-sample alpha.
+@pytest.mark.parametrize("x", [-1.0, -2.0 ** 31, -3e9, -float("inf"), float("nan"), -0.5])
+def test_extreme_negative_count_in_few_rows(device, x):
+    counts = random_counts((3, 6), torch.float32, "cpu")
+    counts[1, 2] = x
+    ref = log_lik_float64(counts[[0, 2]], torch.zeros(6))
+    for la in (torch.zeros(6, device=device), torch.zeros(3, 6, device=device)):
+        out = dirmult_ext.log_lik(counts.to(device), la).cpu()
+        assert torch.isnan(out[1]) and not torch.isnan(out[[0, 2]]).any()
+        assert ((out[[0, 2]].double() - ref).abs() / ref.abs().clamp_min(1.0)).max() < 2e-6
+
+
+# CPU: a lookup-table entry (one run of running products per column) is the
+# bits of the direct evaluation of lnpoch: with one column a row's sum is one
+# term, so the rows of a batch that takes the table equal the rows evaluated
+# one at a time (fewer rows than the tables need; the row term is the same
+# in both). Normalized, the table holds lnpoch - log n! rounded once to the
+# compute type where the direct path subtracts in float64: within a rounding
+# of the term. Concentrations from the float64 redo's region (log a < 0) to
+# the scaled one (a >= kStirlingMin), counts 0..16.
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("normalize", [False, True])
+def test_cpu_table_entries_are_the_direct_values(dtype, normalize):
+    counts = torch.arange(17, dtype=dtype).reshape(17, 1)
+    eps = torch.finfo(dtype).eps
+    for la in torch.tensor([-6.0, -2.5, -1.2, -0.3, 0.0, 0.7, 2.0, 2.1, 2.5, 3.9, 9.0]).to(dtype):
+        la = la.reshape(1) + torch.empty(1, dtype=dtype).uniform_(-0.05, 0.05)
+        batch = dirmult_ext.log_lik(counts, la, normalize=normalize)
+        alone = torch.cat([dirmult_ext.log_lik(counts[i:i + 1], la, normalize=normalize)
+                           for i in range(17)])
+        if not normalize:
+            assert torch.equal(batch, alone), (la.item(), (batch - alone).abs().max().item())
+        else:
+            n, a = counts.double()[:, 0], la.double().exp()
+            lnpoch = torch.lgamma(a + n) - torch.lgamma(a)
+            scale = lnpoch.abs() + torch.lgamma(n + 1)  # the two terms subtracted
+            assert ((batch - alone).abs().double() <= 2 * eps * scale.clamp_min(1.0)).all()
