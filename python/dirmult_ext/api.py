@@ -110,9 +110,10 @@ def log_lik(counts: Tensor, log_alpha: Optional[Tensor] = None, *,
     computes the gradient of the rows' sum in the same read of the counts,
     and a backward of ``out.sum()`` (or ``-out.sum()``, ``out.sum() / n``)
     costs only a scaling (so does ``reduction="mean"``); ``out.mean()`` and
-    weighted sums take the regular backward. Rows whose incoming gradient is exactly 0 do not enter the
-    gradient of shared or component concentrations (their bad counts do not
-    make it NaN; on CUDA, runs of 8 such rows are not even read).
+    weighted sums take the regular backward. Rows whose incoming gradient is
+    exactly 0 do not enter the gradient of shared or component
+    concentrations (their bad counts do not make it NaN; on CUDA, runs of 8
+    such rows are not even read).
     """
     if (log_alpha is None) == (alpha is None):
         raise ValueError("pass exactly one of log_alpha and alpha")
