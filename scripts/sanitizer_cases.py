@@ -70,6 +70,9 @@ if __name__ == "__main__":
     case(20, 64, torch.uint8)
     case(11, 130, torch.float64, shared=False)
     case(9, 2100, shared=False)     # per-sample, split rows
+    case(300, 1024, shared=False, weighted=True)  # per-sample float32 kernels, vector loads
+    case(9, 2101, torch.uint8, shared=False)      # per-sample float32 kernels, scalar loads
+    case(13, 70, shared=False, counts_grad=True)  # per-sample with the counts gradient
     case(13, 70, counts_grad=True)
     case(17, 1500, K=5)             # components, two column chunks
     case(40, 1030, K=3)             # component tables, K <= 4, ragged slices

@@ -124,6 +124,57 @@ def test_per_sample_deferred_slow_counts_match_float64():
     assert err.max() < 2e-6
 
 
+def _per_sample_case(B, V, dtype, generator):
+    """Counts for the float32 per-sample kernels: zeros, 1..16 (the exact
+    path, both parities of the paired products), 17..24 and fractions (off
+    it); log_alpha from tiny to large (the 1/a scaling), some in the
+    cancellation band (a < 1). Row 0 starts with four 16s at a just below 8,
+    whose products' product overflows float32 (the one-log fallback)."""
+    counts = torch.randint(0, 25, (B, V), generator=generator).double()
+    counts[torch.rand(B, V, generator=generator) < 0.4] = 0
+    frac = torch.rand(B, V, generator=generator) < 0.03
+    counts[frac] += 0.37
+    la = torch.empty(B, V).uniform_(-9, 12, generator=generator)
+    band = torch.rand(B, V, generator=generator) < 0.3
+    la[band] = torch.empty(int(band.sum())).uniform_(-2, 0, generator=generator)
+    counts[0, :4] = 16.0
+    la[0, :4] = torch.tensor(7.9).log()
+    if dtype == torch.uint8:
+        counts = counts.floor()
+    return counts.to(dtype), la.float()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.uint8, torch.float64])
+@pytest.mark.parametrize("shape", [(67, 1003), (3, 70001), (1000, 36)])
+@pytest.mark.parametrize("normalize", [False, True])
+def test_per_sample_float32_kernels_match_float64(dtype, shape, normalize):
+    # forward_per_sample_float_kernel and the per-sample backward: rows of
+    # several deferral groups and column chunks (70001: chunk partials),
+    # unaligned rows (1003), short rows (36); every count kind. Each row
+    # against the float64 formula relative to its terms' magnitudes, each
+    # gradient element relative to its own terms. The op itself: the API
+    # computes float64 counts in float64.
+    g = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ())))
+    B, V = shape
+    counts, la = _per_sample_case(B, V, dtype, g)
+    la_d = la.cuda().requires_grad_()
+    out = torch.ops.dirmult.log_lik(counts.cuda(), la_d, normalize)
+    assert out.dtype == torch.float32
+    ref = log_lik_float64(counts, la, normalize)
+    scale = magnitudes(counts, la, normalize)[0].clamp_min(1.0)
+    assert ((out.detach().double().cpu() - ref).abs() / scale).max() < 2e-6
+    w = torch.randn(B, generator=g)
+    grad, = torch.autograd.grad((out * w.cuda()).sum(), la_d)
+    n, a = counts.double(), la.double().exp()
+    A, N = a.sum(-1, keepdim=True), n.sum(-1, keepdim=True)
+    adp = a * (torch.digamma(n + a) - torch.digamma(a))
+    adA = a * (torch.digamma(N + A) - torch.digamma(A))
+    ref_g = w.double()[:, None] * (adp - adA)
+    scale_g = w.double().abs()[:, None] * (adp.abs() + adA.abs())
+    err = (grad.double().cpu() - ref_g).abs() / scale_g.clamp_min(1e-30)
+    assert err.max() < 1e-5
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.uint8])
 def test_two_rows_per_warp_forward_matches_float64(dtype):
     # Enough rows per warp for the forward table kernel's two-rows-in-flight

@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "backward_kernels.cuh"
+#include "per_sample_backward_kernels.cuh"
 #include "component_table_kernels.cuh"
 #include "table_kernels.cuh"
 #include "ops_cuda.h"
@@ -113,6 +114,29 @@ void launch_backward_elementwise(const Tensor& grad, const Tensor& counts, const
   DM_CUDA_CHECK_LAUNCH();
 }
 
+// Per-sample float32 alpha, no counts gradient: a warp per row for the
+// totals, then a warp per (row, chunk) for the gradient.
+template <typename count_t>
+void launch_backward_per_sample_float(const Tensor& grad, const Tensor& counts,
+                                      const Tensor& log_alpha, int64_t B, int64_t V,
+                                      bool normalize, float* grad_la, cudaStream_t stream) {
+  Tensor ws = workspace(counts, B * static_cast<int64_t>(sizeof(RowTotals)));
+  auto* totals = static_cast<RowTotals*>(ws.mutable_data_ptr());
+  const auto* n = static_cast<const count_t*>(counts.const_data_ptr());
+  const auto* la = static_cast<const float*>(log_alpha.const_data_ptr());
+  const bool aligned = V % 4 == 0 && is_aligned<count_t>(n) && is_aligned<float>(la) &&
+                       is_aligned<float>(grad_la);
+  per_sample_row_totals_kernel<count_t><<<ceil_div(B, kRowWarps), kRowWarps * 32, 0, stream>>>(
+      n, la, B, V, aligned, normalize, totals);
+  DM_CUDA_CHECK_LAUNCH();
+  const RowSplit split = split_rows(B, V);
+  per_sample_grad_kernel<count_t>
+      <<<ceil_div(B * split.num_chunks, kRowWarps), kRowWarps * 32, 0, stream>>>(
+          static_cast<const float*>(grad.const_data_ptr()), n, la, totals, B, V, split, aligned,
+          grad_la);
+  DM_CUDA_CHECK_LAUNCH();
+}
+
 // Shared alpha: the table path where it applies, else the math path.
 template <typename scalar_t, typename count_t>
 void launch_backward_shared(const Tensor& grad, const Tensor& counts, const Tensor& log_alpha,
@@ -169,6 +193,12 @@ std::tuple<Tensor, Tensor> log_lik_backward_cuda(Tensor grad, Tensor counts, Ten
     auto* gla = static_cast<scalar_t*>(grad_la.mutable_data_ptr());
     auto* gc = counts_grad ? static_cast<scalar_t*>(grad_counts.mutable_data_ptr()) : nullptr;
     DM_DISPATCH_NATIVE_COUNTS(counts.scalar_type(), [&] {
+      if (std::is_same_v<scalar_t, float> && !shared && gc == nullptr) {
+        // (the cast: this branch is compiled, never taken, for float64 too)
+        launch_backward_per_sample_float<count_t>(grad, counts, log_alpha, B, V, normalize,
+                                                  reinterpret_cast<float*>(gla), stream);
+        return;
+      }
       if (!shared) {
         launch_backward_elementwise<scalar_t, count_t>(grad, counts, log_alpha, nullptr, 0, true,
                                                        B, V, normalize, gla, gc, stream);

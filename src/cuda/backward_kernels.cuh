@@ -12,7 +12,9 @@
 // Every reduction has a shape-determined order: bitwise reproducible.
 //
 // Per-sample alpha and the counts gradient are elementwise once the row
-// totals are known: row_totals_kernel, then elementwise_backward_kernel.
+// totals are known: row_totals_kernel, then elementwise_backward_kernel
+// (float32 per-sample alpha without a counts gradient:
+// per_sample_backward_kernels.cuh).
 //
 // zero_weight_rows (shared and component alpha, CPU too): a row whose
 // incoming gradient is exactly 0 does not enter the gradient, even with bad
@@ -414,6 +416,14 @@ struct RowTotals {
   double d, psi;
 };
 
+// A row's RowTotals from its N and A; a bad count (row_ok false) makes them NaN.
+__device__ __forceinline__ RowTotals row_totals(double N, double A, bool row_ok, bool normalize) {
+  if (!row_ok) N = NAN;
+  double psi = -digamma<double>(N + A);
+  if (normalize) psi += digamma<double>(N + 1.0);
+  return {dpoch<double>(A, N) + (N == N ? 0.0 : NAN), psi};
+}
+
 // One warp per row. shared_A >= 0 (from Apart) for shared alpha; per-sample
 // alpha sums A_b from log_alpha (B, V).
 template <typename scalar_t, typename count_t>
@@ -441,10 +451,7 @@ __global__ void __launch_bounds__(256)
   const bool row_ok = __all_sync(0xffffffffu, ok);
   if (lane == 0) {
     if (!per_sample) A = alpha_total(Apart, 0, nblk_alpha);
-    if (!row_ok) N = NAN;
-    double psi = -digamma<double>(N + A);
-    if (normalize) psi += digamma<double>(N + 1.0);
-    totals[b] = {dpoch<double>(A, N) + (N == N ? 0.0 : NAN), psi};
+    totals[b] = row_totals(N, A, row_ok, normalize);
   }
 }
 

@@ -1,5 +1,6 @@
 // CUDA forward ops: dirmult::log_lik and dirmult::log_lik_components.
 #include "forward_kernels.cuh"
+#include "per_sample_kernels.cuh"
 #include "component_table_kernels.cuh"
 #include "table_kernels.cuh"
 #include "ops_cuda.h"
@@ -50,8 +51,20 @@ void launch_forward_per_sample(const Tensor& counts, const Tensor& log_alpha, in
   const auto* la = static_cast<const scalar_t*>(log_alpha.const_data_ptr());
   const bool aligned = V % 4 == 0 && is_aligned<count_t>(n) && is_aligned<scalar_t>(la);
   const int64_t blocks = ceil_div(B * split.num_chunks, kRowWarps);
-  forward_rows_per_sample_kernel<scalar_t, count_t><<<blocks, kRowWarps * 32, 0, stream>>>(
-      n, la, B, V, split, aligned, normalize, out, partial);
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    auto launch = [&](auto norm) {
+      forward_per_sample_float_kernel<count_t, decltype(norm)::value>
+          <<<blocks, kRowWarps * 32, 0, stream>>>(n, la, B, V, split, aligned, out, partial);
+    };
+    if (normalize) {
+      launch(std::true_type{});
+    } else {
+      launch(std::false_type{});
+    }
+  } else {
+    forward_rows_per_sample_kernel<scalar_t, count_t><<<blocks, kRowWarps * 32, 0, stream>>>(
+        n, la, B, V, split, aligned, normalize, out, partial);
+  }
   DM_CUDA_CHECK_LAUNCH();
   if (split.num_chunks > 1) {
     launch_finish_rows<scalar_t>(partial, nullptr, 0, B, 1, split.num_chunks, true, normalize, out,

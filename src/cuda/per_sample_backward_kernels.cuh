@@ -1,0 +1,134 @@
+// Backward for per-sample float32 alpha without a counts gradient (the DM
+// regression case): grad_la[b, v] = g_b (adpoch(a, n) - a dpoch(A_b, N_b)),
+// elementwise once the row totals are known. row_totals_kernel and
+// elementwise_backward_kernel (backward_kernels.cuh) do the same a count
+// per thread with a 64-bit division per element for its row; these take a
+// warp per (row, chunk) and four counts per lane at a time, as
+// forward_per_sample_float_kernel does, with the exact-path products of the
+// four counts in one loop to the warp's largest count.
+#pragma once
+
+#include "backward_kernels.cuh"
+#include "per_sample_kernels.cuh"
+
+namespace dirmult {
+namespace cuda {
+
+// A_b and N_b of each row, a warp per row: the same RowTotals as
+// row_totals_kernel (A's and N's float64 sums in another order).
+template <typename count_t>
+__global__ void __launch_bounds__(kRowWarps * 32)
+    per_sample_row_totals_kernel(const count_t* __restrict__ counts,
+                                 const float* __restrict__ log_alpha, int64_t B, int64_t V,
+                                 bool aligned, bool normalize, RowTotals* __restrict__ totals) {
+  const int lane = threadIdx.x & 31;
+  const int64_t b = static_cast<int64_t>(blockIdx.x) * kRowWarps + (threadIdx.x >> 5);
+  if (b >= B) return;
+  const count_t* row = counts + b * V;
+  const float* lrow = log_alpha + b * V;
+  double N = 0.0, A = 0.0;
+  int table_N = 0;  // at most 16 per count; flushed into N every 1024 loads
+  bool ok = true;
+  int load = 0;
+  for (int64_t v = 4 * lane; v < V; v += 128, ++load) {
+    float n[4], la[4];
+    double unused[4];
+    load_counts<float, count_t>(row, v, V, aligned, n, unused);
+    load_counts<float, float>(lrow, v, V, aligned, la, unused);
+    float asum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      asum += v + j < V ? dm_exp(la[j]) : 0.0f;
+      ok = ok && fabsf(la[j]) <= FLT_MAX;
+      int idx;
+      if (table_index(n[j], idx)) {
+        table_N += idx;
+      } else {  // off the table: rare
+        ok = ok && is_valid_count(n[j]);
+        N += static_cast<double>(row[v + j]);
+      }
+    }
+    A += static_cast<double>(asum);
+    if ((load & 1023) == 1023) N += static_cast<double>(table_N), table_N = 0;
+  }
+  N += static_cast<double>(table_N);
+  N = warp_sum(N);
+  A = warp_sum(A);
+  const bool row_ok = __all_sync(0xffffffffu, ok);
+  if (lane == 0) totals[b] = row_totals(N, A, row_ok, normalize);
+}
+
+template <typename count_t>
+__global__ void __launch_bounds__(kRowWarps * 32)
+    per_sample_grad_kernel(const float* __restrict__ grad, const count_t* __restrict__ counts,
+                           const float* __restrict__ log_alpha,
+                           const RowTotals* __restrict__ totals, int64_t B, int64_t V,
+                           RowSplit split, bool aligned, float* __restrict__ grad_la) {
+  const int lane = threadIdx.x & 31;
+  const RowItem it = row_item(split, B, V);
+  if (!it.valid) return;
+  const double g = static_cast<double>(grad[it.b]);
+  const double d = totals[it.b].d;
+  const int64_t v_end = it.v_end;
+  const count_t* row = counts + it.b * V;
+  const float* lrow = log_alpha + it.b * V;
+  float* out = grad_la + it.b * V;
+  // Warp-uniform steps (the warp reduction inside); lanes past the end
+  // compute on zeros and store nothing.
+  for (int64_t v0 = it.v_begin; v0 < v_end; v0 += 128) {
+    const int64_t v = v0 + 4 * lane;
+    float n[4], la[4];
+    double unused[4];
+    load_counts<float, count_t>(row, v, v_end, aligned, n, unused);
+    load_counts<float, float>(lrow, v, v_end, aligned, la, unused);
+    float a[4], q[4];
+    PerSampleTerm t[4];
+    int mi[4], m_max = 0;
+    bool hit[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      a[j] = dm_exp(la[j]);
+      hit[j] = table_index(n[j], mi[j]);
+      mi[j] = hit[j] ? mi[j] : 0;
+      m_max = max(m_max, mi[j]);
+      t[j] = per_sample_term(a[j], la[j], static_cast<float>(mi[j]));
+      q[j] = 0.0f;
+    }
+    m_max = __reduce_max_sync(0xffffffffu, m_max);
+    // adpoch_exact's running products: p = prod f_k, q = dp, k < m.
+    float kf = 1.0f;
+#pragma unroll 1
+    for (int k = 1; k < m_max; ++k, kf += 1.0f) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float f = t[j].base + kf * t[j].step;
+        if (kf < t[j].m) {
+          q[j] = q[j] * f + t[j].p;
+          t[j].p *= f;
+        }
+      }
+    }
+    float gl[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      // 1 + (a or 1) q / p, the division as a Newton-refined reciprocal.
+      float r;
+      asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(t[j].p));
+      r = fmaf(r, fmaf(-t[j].p, r, 1.0f), r);
+      float adp = mi[j] == 0 ? 0.0f : fmaf(a[j] < Tuning<float>::kStirlingMin ? a[j] : 1.0f, q[j] * r, 1.0f);
+      if (!hit[j]) adp = adpoch(a[j], n[j]);  // non-integer, large or bad: rare
+      gl[j] = static_cast<float>(g * (static_cast<double>(adp) - static_cast<double>(a[j]) * d));
+    }
+    if (aligned && v + 4 <= v_end) {
+      *reinterpret_cast<float4*>(out + v) = make_float4(gl[0], gl[1], gl[2], gl[3]);
+    } else {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        if (v + j < v_end) out[v + j] = gl[j];
+      }
+    }
+  }
+}
+
+}  // namespace cuda
+}  // namespace dirmult

@@ -1,0 +1,211 @@
+// Forward for per-sample float32 alpha ((B, V) log_alpha): every element
+// has its own concentration, so no table can serve it and the kernel is
+// bound by instruction issue, not bytes. It is written to a per-element
+// budget (tall 65536x1024, counts 0..9: forward_rows_per_sample_kernel's
+// 921 us -> 390 us per call, BENCHMARKS.md):
+//  * A: an accurate exp of every alpha (zero counts too), summed four at a
+//    time in float before the float64 add (float64 conversions run at a
+//    quarter of the FP32 rate on sm_90);
+//  * the count classified by table_index (float adds, no F2I/I2F), N summed
+//    as integers;
+//  * the exact products of a lane's four counts in one loop to the warp's
+//    largest count, two factors per step (a product, a sum and one
+//    predicated multiply), and one log for the four products;
+//  * cancellation (log a < 0 against log p: |lnpoch| < 1) recognised from
+//    a p in (1/e, e) without a log per count. Those counts, like the counts
+//    off the exact path and bad ones, are deferred: marked per lane, then
+//    every kGroup loads the warp's marks are queued in shared memory and
+//    spread over its lanes (each lane taking its own marks kept the warp as
+//    long as its lane with the most: 416 vs 382 us).
+// The rows are not the same bits as the scalar path's (the products are
+// paired, the logs shared); the float64 comparisons in the tests bound them.
+// forward_rows_per_sample_kernel (forward_kernels.cuh) serves float64.
+#pragma once
+
+#include <cfloat>
+
+#include "forward_kernels.cuh"
+#include "table_kernels.cuh"
+
+namespace dirmult {
+namespace cuda {
+
+// The exact-path state of one count: lnpoch(a, m) = lbase + log p once the
+// factors base + k step, k = 1 .. m - 1, are multiplied into p.
+struct PerSampleTerm {
+  float base, step, lbase, m, p;
+};
+
+// Count n (m = n when table_index hit, else 0: the term is taken later or
+// is 0) of concentration a = exp(la).
+__device__ __forceinline__ PerSampleTerm per_sample_term(float a, float la, float m) {
+  const bool small = a < Tuning<float>::kStirlingMin;
+  // 1 / a by the hardware approximation and one Newton step (within an ulp;
+  // IEEE division branches to a slow path for special operands, here for
+  // each of the four counts).
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(a));
+  r = fmaf(r, fmaf(-a, r, 1.0f), r);
+  return {small ? a : 1.0f, small ? 1.0f : r,
+          m == 0.0f ? 0.0f : (small ? la : m * la), m, 1.0f};
+}
+
+// Whether lnpoch = la + log p (la = log a) cancels: |lnpoch| < 1, i.e.
+// a p in (1/e, e), widened a little so that every count the float32
+// difference would lose digits on is caught (math.h lnpoch_exact_cancels).
+__device__ __forceinline__ bool per_sample_cancels(float la, float a, const PerSampleTerm& t) {
+  const float ap = a * t.p;
+  return la < 0.0f && t.m >= 2.0f && ap > 0.35f && ap < 2.9f;
+}
+
+template <typename count_t, bool normalize>
+__global__ void __launch_bounds__(kRowWarps * 32)
+    forward_per_sample_float_kernel(const count_t* __restrict__ counts,
+                                    const float* __restrict__ log_alpha, int64_t B, int64_t V,
+                                    RowSplit split, bool aligned,
+                                    float* __restrict__ out, RowPartial* __restrict__ partial) {
+  constexpr int kGroup = 8;  // loads per deferral group: 4 * kGroup bits
+  __shared__ float log_fact[kTableWidth];  // log n!, n = 0 .. kMaxExactCount
+  // Each warp's deferred counts of a group, as column offsets from the
+  // group's first column, in (lane, bit) order.
+  __shared__ uint16_t queue[kRowWarps][32 * 4 * kGroup];
+  if (normalize && threadIdx.x < kTableWidth) log_fact[threadIdx.x] = log_factorial(float(threadIdx.x));
+  __syncthreads();
+  const int lane = threadIdx.x & 31;
+  const RowItem it = row_item(split, B, V);
+  if (!it.valid) return;
+  const int64_t v_begin = it.v_begin, v_end = it.v_end;
+  const count_t* row = counts + it.b * V;
+  const float* lrow = log_alpha + it.b * V;
+
+  double acc = 0.0, N = 0.0, norm = 0.0, A = 0.0;
+  int table_N = 0;  // this group's table counts (flushed into N per group)
+  bool ok = true;
+  unsigned slow = 0;  // bit 4 (load % kGroup) + j
+  int load = 0;
+  // Warp-uniform steps (the warp reductions inside): lanes past the end read
+  // zeros, which take no term and add nothing to A.
+  for (int64_t v0 = v_begin; v0 < v_end; v0 += 128, ++load) {
+    const int64_t v = v0 + 4 * lane;
+    const int64_t left = v_end - v;
+    const int in = left >= 4 ? 4 : (left > 0 ? static_cast<int>(left) : 0);
+    float n[4], la[4];
+    double unused[4];
+    load_counts<float, count_t>(row, v, v_end, aligned, n, unused);
+    load_counts<float, float>(lrow, v, v_end, aligned, la, unused);
+    PerSampleTerm t[4];
+    float a[4], asum = 0.0f, nf = 0.0f;
+    int mi[4], m_max = 0;
+    unsigned nib = 0;  // this load's deferred counts
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      a[j] = dm_exp(la[j]);
+      asum += j < in ? a[j] : 0.0f;
+      ok = ok && fabsf(la[j]) <= FLT_MAX;
+      const bool hit = table_index(n[j], mi[j]);
+      mi[j] = hit ? mi[j] : 0;
+      nib |= hit ? 0u : 1u << j;
+      table_N += mi[j];
+      m_max = max(m_max, mi[j]);
+      if (normalize) nf += log_fact[mi[j]];
+      t[j] = per_sample_term(a[j], la[j], hit ? n[j] : 0.0f);
+    }
+    A += static_cast<double>(asum);
+    if (normalize) norm -= static_cast<double>(nf);
+    m_max = __reduce_max_sync(0xffffffffu, m_max);
+    if (m_max >= 2) {
+      // Factors k = 1 .. m - 1 two at a time, (k, k + 1) for k = 1, 3, ...
+      // (two factors for a product, a sum and a predicated multiply), then
+      // an odd last one (k = m - 1).
+      float kf = 1.0f;
+#pragma unroll 1
+      for (int k = 1; k + 1 < m_max; k += 2, kf += 2.0f) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const float f = t[j].base + kf * t[j].step;
+          const float pair = f * (f + t[j].step);
+          if (kf + 1.0f < t[j].m) t[j].p *= pair;
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float f = t[j].base + (t[j].m - 1.0f) * t[j].step;
+        if (mi[j] >= 2 && (mi[j] & 1) == 0) t[j].p *= f;
+      }
+    }
+    float lsum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if (per_sample_cancels(la[j], a[j], t[j])) {
+        nib |= 1u << j;
+        t[j].p = 1.0f, t[j].lbase = 0.0f;
+      }
+      lsum += t[j].lbase;
+    }
+    slow |= nib << (4 * (load % kGroup));
+    float logs = 0.0f;  // every p is 1 when no count is 2 or more
+    if (m_max >= 2) {
+      // One log for the four products: each p < 2^60 (at most 15 factors
+      // below 24, or below 3 scaled), so p01 and p23 are finite; their
+      // product overflows only for large counts.
+      const float p01 = t[0].p * t[1].p, p23 = t[2].p * t[3].p, p = p01 * p23;
+      logs = p <= FLT_MAX ? dm_log(p) : dm_log(p01) + dm_log(p23);
+    }
+    acc += static_cast<double>(lsum + logs);
+    if (load % kGroup == kGroup - 1 || v0 + 128 >= v_end) {
+      N += static_cast<double>(table_N);
+      table_N = 0;
+      const int64_t group_v = v - 128 * (load % kGroup);  // this lane's first
+      auto take = [&](int64_t vv) {
+        const float x = static_cast<float>(row[vv]), l = lrow[vv];
+        int m;
+        if (table_index(x, m)) {  // cancelled: the float64 value
+          acc += lnpoch_exact_refined(static_cast<double>(l), m);
+          return;
+        }
+        if (!is_valid_count(x)) {
+          ok = false;
+          return;
+        }
+        N += static_cast<double>(row[vv]);
+        acc += static_cast<double>(lnpoch(dm_exp(l), l, x));
+        if (normalize) norm -= static_cast<double>(log_factorial(x));
+      };
+      // The warp's deferred counts, spread over its lanes: a lane's own
+      // marks would keep the warp for as many rounds as the lane with the
+      // most.
+      const int mine = __popc(slow);
+      int end = mine;  // inclusive prefix sum over the lanes
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, end, o);
+        if (lane >= o) end += y;
+      }
+      const int total = __shfl_sync(0xffffffffu, end, 31);
+      uint16_t* q = queue[threadIdx.x >> 5];
+      const int group_off = 4 * lane;
+#pragma unroll 1
+      for (int i = end - mine; slow != 0; ++i) {
+        const int e = __ffs(static_cast<int>(slow)) - 1;
+        slow &= slow - 1;
+        q[i] = static_cast<uint16_t>(group_off + 128 * (e >> 2) + (e & 3));
+      }
+      __syncwarp();
+      const int64_t warp_v = group_v - 4 * lane;
+#pragma unroll 1
+      for (int i = lane; i < total; i += 32) take(warp_v + q[i]);
+      __syncwarp();  // the queue is reused by the next group
+    }
+  }
+  acc = warp_sum(acc);
+  N = warp_sum(N);
+  norm = warp_sum(norm);
+  A = warp_sum(A);
+  const bool row_ok = __all_sync(0xffffffffu, ok);
+  if (lane == 0) {
+    write_row_result(it, split, 1, 0, row_ok ? acc : NAN, N, norm, A, normalize, out, partial);
+  }
+}
+
+}  // namespace cuda
+}  // namespace dirmult
