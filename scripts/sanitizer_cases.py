@@ -65,6 +65,7 @@ if __name__ == "__main__":
     case(52001, 37)                 # two rows per warp (single pass)
     forward_case(52001, 37)         # forward table kernel, two rows per warp
     forward_case(52001, 8)          # ring forward (short rows: zero-filled copies)
+    forward_case(40, 210000)        # forward table kernel, many chunks of few rows (wide)
     case(5, 301)                    # scalar loads (V % 4 != 0)
     case(3, 9000)                   # split rows
     case(20, 64, torch.uint8)

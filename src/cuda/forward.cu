@@ -72,11 +72,40 @@ void launch_forward_per_sample(const Tensor& counts, const Tensor& log_alpha, in
   }
 }
 
-// Shared float32 alpha over many rows: the lookup-table kernel.
+// Shared float32 alpha over many rows: the lookup-table kernels.
+enum class TableForward {
+  kRing,      // forward_table_ring_kernel: many rows per warp, 16-byte aligned float32 rows
+  kTwoRows,   // forward_table_kernel, two rows in flight per warp: many rows per warp
+  kOneRow,    // forward_table_kernel, a row at a time
+};
+
+template <typename count_t>
+TableForward pick_table_forward(int64_t B, int64_t num_chunks, bool aligned) {
+  // Two rows in flight per warp where every warp has many rows (tall,
+  // sparse: measured 7-8% faster); one where rows are few (mid: slower,
+  // half the resident blocks). 8-byte counts: one (registers). Where every
+  // warp has many rows, float32 aligned counts, and the chunks spread evenly
+  // over the SMs (a block per SM): the ring kernel (tall 77.3 -> 71.6 us per
+  // call; sparse's 16 chunks leave 4 of 132 SMs idle: 293.4 vs 291.7).
+  const int64_t one_row_wave =
+      one_wave_blocks<forward_table_kernel<count_t, 1>>(kRowWarps * 32, kTableSmemBytes);
+  const bool many_rows = B * num_chunks >= kMinRowsPerWarpForTwo * kRowWarps * one_row_wave;
+  if (std::is_same_v<count_t, float> && many_rows && aligned &&
+      num_sms() % num_chunks == 0 &&
+      cached_device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>() >=
+          static_cast<int>(kRingSmemBytes)) {
+    return TableForward::kRing;
+  }
+  return many_rows && sizeof(count_t) <= 4 ? TableForward::kTwoRows : TableForward::kOneRow;
+}
+
 template <typename count_t>
 void launch_forward_table(const Tensor& counts, const Tensor& log_alpha, int64_t B, int64_t V,
                           bool normalize, float* out, cudaStream_t stream) {
   const int64_t num_chunks = ceil_div(V, kTableChunk);
+  const auto* n = static_cast<const count_t*>(counts.const_data_ptr());
+  const bool aligned = V % 4 == 0 && is_aligned<count_t>(n);
+  const TableForward kind = pick_table_forward<count_t>(B, num_chunks, aligned);
   ScratchLayout layout;
   const TableScratch tables(layout, 1, V, TableKind::kLogPoch, TableLayout::kChunkSlots);
   const int64_t partial_at =
@@ -85,48 +114,42 @@ void launch_forward_table(const Tensor& counts, const Tensor& log_alpha, int64_t
   const PreparedAlpha<float> pa = tables.prepare(ws, log_alpha, normalize, stream);
   const float* table = tables.table(ws);
   RowPartial* partial = num_chunks > 1 ? ScratchLayout::at<RowPartial>(ws, partial_at) : nullptr;
-  const auto* n = static_cast<const count_t*>(counts.const_data_ptr());
-  const bool aligned = V % 4 == 0 && is_aligned<count_t>(n);
-  // One wave of resident blocks over all chunks; every row's sum is one
-  // warp's, in a fixed order, whatever the grid.
-  auto launch = [&](auto rows) {
-    constexpr auto kKernel = forward_table_kernel<count_t, decltype(rows)::value>;
-    const int64_t wave = one_wave_blocks<kKernel>(kRowWarps * 32, kTableSmemBytes);
-    const int64_t groups =
-        std::max<int64_t>(1, std::min(ceil_div(B, kRowWarps), wave / num_chunks));
-    const dim3 grid(static_cast<unsigned>(num_chunks), static_cast<unsigned>(groups));
-    // Right after prep_and_table_kernel (tables.prepare): its dependent.
-    launch_dependent(kKernel, grid, dim3(kRowWarps * 32), kTableSmemBytes, stream, n, table,
-                     pa.cols, pa.Apart, pa.nblk, B, V, aligned,
-                     RowOut{num_chunks, normalize, out, partial});
+  const RowOut o{num_chunks, normalize, out, partial};
+  // Right after prep_and_table_kernel (tables.prepare): its dependent. One
+  // wave of resident blocks over all chunks; every row's sum is one warp's,
+  // in a fixed order, whatever the grid.
+  auto grid = [&](auto kernel, int warps, size_t smem) {
+    const int64_t wave = one_wave_blocks<decltype(kernel)::value>(warps * 32, smem);
+    const int64_t groups = std::max<int64_t>(1, std::min(ceil_div(B, warps), wave / num_chunks));
+    return dim3(static_cast<unsigned>(num_chunks), static_cast<unsigned>(groups));
   };
-  // Two rows in flight per warp where every warp has many rows (tall,
-  // sparse: measured 7-8% faster); one where rows are few (mid: slower,
-  // half the resident blocks). 8-byte counts: one (registers). Where every
-  // warp has many rows, float32 aligned counts, and the chunks spread evenly
-  // over the SMs (a block per SM): the ring kernel (tall 77.3 -> 71.6 us per
-  // call; sparse's 16 chunks leave 4 of 132 SMs idle: 293.4 vs 291.7).
-  const int64_t one_row_wave = one_wave_blocks<forward_table_kernel<count_t, 1>>(
-      kRowWarps * 32, kTableSmemBytes);
-  const bool many_rows = B * num_chunks >= kMinRowsPerWarpForTwo * kRowWarps * one_row_wave;
-  bool ring = false;
-  if constexpr (std::is_same_v<count_t, float>) {
-    ring = many_rows && aligned && num_sms() % num_chunks == 0 &&
-           cached_device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>() >=
-               static_cast<int>(kRingSmemBytes);
-    if (ring) {
-      constexpr auto kKernel = forward_table_ring_kernel<float>;
-      const int64_t wave = one_wave_blocks<kKernel>(kRingWarps * 32, kRingSmemBytes);
-      const dim3 grid(static_cast<unsigned>(num_chunks),
-                      static_cast<unsigned>(std::max<int64_t>(1, wave / num_chunks)));
-      launch_dependent(kKernel, grid, dim3(kRingWarps * 32), kRingSmemBytes, stream, n, table,
-                       pa.cols, pa.Apart, pa.nblk, B, V, RowOut{num_chunks, normalize, out, partial});
+  auto launch_rows = [&](auto kernel) {
+    constexpr auto kKernel = decltype(kernel)::value;
+    launch_dependent(kKernel, grid(kernel, kRowWarps, kTableSmemBytes), dim3(kRowWarps * 32),
+                     kTableSmemBytes, stream, n, table, pa.cols, pa.Apart, pa.nblk, B, V, aligned,
+                     o);
+  };
+  using std::integral_constant;
+  switch (kind) {
+    case TableForward::kRing:
+      if constexpr (std::is_same_v<count_t, float>) {
+        constexpr auto kKernel = forward_table_ring_kernel<float>;
+        const auto tag = integral_constant<decltype(kKernel), kKernel>{};
+        launch_dependent(kKernel, grid(tag, kRingWarps, kRingSmemBytes), dim3(kRingWarps * 32),
+                         kRingSmemBytes, stream, n, table, pa.cols, pa.Apart, pa.nblk, B, V, o);
+      }
+      break;
+    case TableForward::kTwoRows:
+      if constexpr (sizeof(count_t) <= 4) {
+        constexpr auto kKernel = forward_table_kernel<count_t, 2>;
+        launch_rows(integral_constant<decltype(kKernel), kKernel>{});
+      }
+      break;
+    case TableForward::kOneRow: {
+      constexpr auto kKernel = forward_table_kernel<count_t, 1>;
+      launch_rows(integral_constant<decltype(kKernel), kKernel>{});
+      break;
     }
-  }
-  if (!ring && sizeof(count_t) <= 4 && many_rows) {
-    if constexpr (sizeof(count_t) <= 4) launch(std::integral_constant<int, 2>{});
-  } else if (!ring) {
-    launch(std::integral_constant<int, 1>{});
   }
   if (num_chunks > 1) {
     launch_finish_rows<float>(partial, pa.Apart, pa.nblk, B, 1, num_chunks, false, normalize, out,
