@@ -266,10 +266,11 @@ class TableScratch {
   int64_t alpha_at_, table_at_;
 };
 
-// Copies chunk c's slice of a kChunkSlots table into shared memory: 16-byte
-// asynchronous copies, all in flight at once (a load-then-store loop waits
-// for the L2 once per iteration: tens of microseconds per kernel).
-__device__ __forceinline__ void stage_table_slice(float* __restrict__ tab,
+// Starts copying chunk c's slice of a kChunkSlots table into shared memory:
+// 16-byte asynchronous copies, all in flight at once (a load-then-store loop
+// waits for the L2 once per iteration: tens of microseconds per kernel), as
+// one committed group of the calling thread's copies.
+__device__ __forceinline__ void issue_table_slice(float* __restrict__ tab,
                                                   const float* __restrict__ table, int64_t c) {
   static_assert(kChunkFloats % 4 == 0, "a slice is whole 16-byte vectors");
   const float4* src = reinterpret_cast<const float4*>(table + c * kChunkFloats);
@@ -278,6 +279,12 @@ __device__ __forceinline__ void stage_table_slice(float* __restrict__ tab,
     __pipeline_memcpy_async(dst + i, src + i, sizeof(float4));
   }
   __pipeline_commit();
+}
+
+// issue_table_slice, then waits for the copies and syncs the block.
+__device__ __forceinline__ void stage_table_slice(float* __restrict__ tab,
+                                                  const float* __restrict__ table, int64_t c) {
+  issue_table_slice(tab, table, c);
   __pipeline_wait_prior(0);
   __syncthreads();
 }
@@ -563,13 +570,9 @@ __global__ void __launch_bounds__(kRingWarps * 32, 1)
   };
   int64_t b = static_cast<int64_t>(blockIdx.y) * kRingWarps + warp;
   wait_for_prior_grid();
-  {  // the table slice: one group, waited for by every thread, then shared
-    const float4* src = reinterpret_cast<const float4*>(table + c * kChunkFloats);
-    for (int i = threadIdx.x; i < kChunkFloats / 4; i += blockDim.x) {
-      __pipeline_memcpy_async(ring_smem + i, src + i, sizeof(float4));
-    }
-    __pipeline_commit();
-  }
+  // The table slice: one group, waited for by every thread, then shared (the
+  // rows' groups behind it may still be in flight).
+  issue_table_slice(tab, table, c);
 #pragma unroll
   for (int k = 0; k < kRingSlots; ++k) fill(b + k * stride, k);
   __pipeline_wait_prior(kRingSlots);  // the table's group (the rows' may be in flight)
