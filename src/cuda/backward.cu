@@ -114,26 +114,31 @@ void launch_backward_elementwise(const Tensor& grad, const Tensor& counts, const
   DM_CUDA_CHECK_LAUNCH();
 }
 
-// Per-sample float32 alpha, no counts gradient: a warp per row for the
-// totals, then a warp per (row, chunk) for the gradient.
+// Per-sample float32 alpha, no counts gradient: a warp per (row, chunk) for
+// the gradient, after a warp per row for the totals where rows are split
+// (one chunk per row: the gradient kernel sums its row's totals itself).
 template <typename count_t>
 void launch_backward_per_sample_float(const Tensor& grad, const Tensor& counts,
                                       const Tensor& log_alpha, int64_t B, int64_t V,
                                       bool normalize, float* grad_la, cudaStream_t stream) {
-  Tensor ws = workspace(counts, B * static_cast<int64_t>(sizeof(RowTotals)));
-  auto* totals = static_cast<RowTotals*>(ws.mutable_data_ptr());
   const auto* n = static_cast<const count_t*>(counts.const_data_ptr());
   const auto* la = static_cast<const float*>(log_alpha.const_data_ptr());
   const bool aligned = V % 4 == 0 && is_aligned<count_t>(n) && is_aligned<float>(la) &&
                        is_aligned<float>(grad_la);
-  per_sample_row_totals_kernel<count_t><<<ceil_div(B, kRowWarps), kRowWarps * 32, 0, stream>>>(
-      n, la, B, V, aligned, normalize, totals);
-  DM_CUDA_CHECK_LAUNCH();
   const RowSplit split = split_rows(B, V);
+  Tensor ws;
+  RowTotals* totals = nullptr;
+  if (split.num_chunks > 1) {
+    ws = workspace(counts, B * static_cast<int64_t>(sizeof(RowTotals)));
+    totals = static_cast<RowTotals*>(ws.mutable_data_ptr());
+    per_sample_row_totals_kernel<count_t><<<ceil_div(B, kRowWarps), kRowWarps * 32, 0, stream>>>(
+        n, la, B, V, aligned, normalize, totals);
+    DM_CUDA_CHECK_LAUNCH();
+  }
   per_sample_grad_kernel<count_t>
       <<<ceil_div(B * split.num_chunks, kRowWarps), kRowWarps * 32, 0, stream>>>(
           static_cast<const float*>(grad.const_data_ptr()), n, la, totals, B, V, split, aligned,
-          grad_la);
+          normalize, grad_la);
   DM_CUDA_CHECK_LAUNCH();
 }
 

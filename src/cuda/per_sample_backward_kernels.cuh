@@ -14,18 +14,15 @@
 namespace dirmult {
 namespace cuda {
 
-// A_b and N_b of each row, a warp per row: the same RowTotals as
-// row_totals_kernel (A's and N's float64 sums in another order).
+// The calling warp's RowTotals of row b (A_b and N_b: the same RowTotals as
+// row_totals_kernel, A's and N's float64 sums in another order), valid in
+// every lane. Warp-uniform calls only.
 template <typename count_t>
-__global__ void __launch_bounds__(kRowWarps * 32)
-    per_sample_row_totals_kernel(const count_t* __restrict__ counts,
-                                 const float* __restrict__ log_alpha, int64_t B, int64_t V,
-                                 bool aligned, bool normalize, RowTotals* __restrict__ totals) {
+__device__ __forceinline__ RowTotals per_sample_warp_totals(const count_t* __restrict__ row,
+                                                            const float* __restrict__ lrow,
+                                                            int64_t V, bool aligned,
+                                                            bool normalize) {
   const int lane = threadIdx.x & 31;
-  const int64_t b = static_cast<int64_t>(blockIdx.x) * kRowWarps + (threadIdx.x >> 5);
-  if (b >= B) return;
-  const count_t* row = counts + b * V;
-  const float* lrow = log_alpha + b * V;
   double N = 0.0, A = 0.0;
   int table_N = 0;  // at most 16 per count; flushed into N every 1024 loads
   bool ok = true;
@@ -52,26 +49,45 @@ __global__ void __launch_bounds__(kRowWarps * 32)
     if ((load & 1023) == 1023) N += static_cast<double>(table_N), table_N = 0;
   }
   N += static_cast<double>(table_N);
-  N = warp_sum(N);
-  A = warp_sum(A);
-  const bool row_ok = __all_sync(0xffffffffu, ok);
-  if (lane == 0) totals[b] = row_totals(N, A, row_ok, normalize);
+  N = warp_allsum(N);
+  A = warp_allsum(A);
+  return row_totals(N, A, __all_sync(0xffffffffu, ok), normalize);
 }
 
+// The row totals for per_sample_grad_kernel where rows are split into
+// chunks: a warp per row.
+template <typename count_t>
+__global__ void __launch_bounds__(kRowWarps * 32)
+    per_sample_row_totals_kernel(const count_t* __restrict__ counts,
+                                 const float* __restrict__ log_alpha, int64_t B, int64_t V,
+                                 bool aligned, bool normalize, RowTotals* __restrict__ totals) {
+  const int64_t b = static_cast<int64_t>(blockIdx.x) * kRowWarps + (threadIdx.x >> 5);
+  if (b >= B) return;
+  const RowTotals t = per_sample_warp_totals(counts + b * V, log_alpha + b * V, V, aligned,
+                                             normalize);
+  if ((threadIdx.x & 31) == 0) totals[b] = t;
+}
+
+// totals: per row (split rows), or nullptr where every row is one chunk:
+// then the warp sums its row's totals first, and the gradient pass reads
+// the row again from the caches (tall: the separate kernel read the counts
+// and log_alpha from DRAM a second time).
 template <typename count_t>
 __global__ void __launch_bounds__(kRowWarps * 32)
     per_sample_grad_kernel(const float* __restrict__ grad, const count_t* __restrict__ counts,
                            const float* __restrict__ log_alpha,
                            const RowTotals* __restrict__ totals, int64_t B, int64_t V,
-                           RowSplit split, bool aligned, float* __restrict__ grad_la) {
+                           RowSplit split, bool aligned, bool normalize,
+                           float* __restrict__ grad_la) {
   const int lane = threadIdx.x & 31;
   const RowItem it = row_item(split, B, V);
   if (!it.valid) return;
   const double g = static_cast<double>(grad[it.b]);
-  const double d = totals[it.b].d;
   const int64_t v_end = it.v_end;
   const count_t* row = counts + it.b * V;
   const float* lrow = log_alpha + it.b * V;
+  const double d = totals != nullptr ? totals[it.b].d
+                                     : per_sample_warp_totals(row, lrow, V, aligned, normalize).d;
   float* out = grad_la + it.b * V;
   // Warp-uniform steps (the warp reduction inside); lanes past the end
   // compute on zeros and store nothing.
