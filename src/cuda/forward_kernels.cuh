@@ -77,6 +77,24 @@ __device__ __forceinline__ void write_row_result(const RowItem& it, const RowSpl
   }
 }
 
+// The per-sample kernels' end: the warp's sums of its (row, chunk) item
+// reduced and written by lane 0 (write_row_result). Warp-uniform calls only.
+template <typename scalar_t>
+__device__ __forceinline__ void write_per_sample_row(const RowItem& it, const RowSplit& split,
+                                                     double acc, double N, double norm, double A,
+                                                     bool ok, bool normalize,
+                                                     scalar_t* __restrict__ out,
+                                                     RowPartial* __restrict__ partial) {
+  acc = warp_sum(acc);
+  N = warp_sum(N);
+  norm = warp_sum(norm);
+  A = warp_sum(A);
+  const bool row_ok = __all_sync(0xffffffffu, ok);
+  if ((threadIdx.x & 31) == 0) {
+    write_row_result(it, split, 1, 0, row_ok ? acc : NAN, N, norm, A, normalize, out, partial);
+  }
+}
+
 // The calling warp's (row, chunk) item of the math path, shared or
 // per-component alpha: cols is (K, V) (global or shared memory). out is
 // (B, K) when the row is one chunk, else partial is (B, num_chunks, K).
@@ -247,14 +265,7 @@ __global__ void __launch_bounds__(kRowWarps * 32)
       }
     }
   }
-  acc = warp_sum(acc);
-  N = warp_sum(N);
-  norm = warp_sum(norm);
-  A = warp_sum(A);
-  const bool row_ok = __all_sync(0xffffffffu, ok);
-  if (lane == 0) {
-    write_row_result(it, split, 1, 0, row_ok ? acc : NAN, N, norm, A, normalize, out, partial);
-  }
+  write_per_sample_row(it, split, acc, N, norm, A, ok, normalize, out, partial);
 }
 
 // Sums the chunk partials of each (row, component) in a fixed order: a

@@ -127,11 +127,9 @@ __global__ void __launch_bounds__(kRowWarps * 32)
     float gl[4];
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      // 1 + (a or 1) q / p, the division as a Newton-refined reciprocal.
-      float r;
-      asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(t[j].p));
-      r = fmaf(r, fmaf(-t[j].p, r, 1.0f), r);
-      float adp = mi[j] == 0 ? 0.0f : fmaf(a[j] < Tuning<float>::kStirlingMin ? a[j] : 1.0f, q[j] * r, 1.0f);
+      // adpoch_exact: 1 + (a or 1) q / p.
+      const float scale = a[j] < Tuning<float>::kStirlingMin ? a[j] : 1.0f;
+      float adp = mi[j] == 0 ? 0.0f : fmaf(scale, q[j] * newton_reciprocal(t[j].p), 1.0f);
       if (!hit[j]) adp = adpoch(a[j], n[j]);  // non-integer, large or bad: rare
       gl[j] = static_cast<float>(g * (static_cast<double>(adp) - static_cast<double>(a[j]) * d));
     }

@@ -36,16 +36,20 @@ struct PerSampleTerm {
   float base, step, lbase, m, p;
 };
 
+// 1 / x by the hardware approximation and one Newton step, within an ulp
+// (IEEE division branches to a slow path for special operands, a branch
+// per count in these kernels).
+__device__ __forceinline__ float newton_reciprocal(float x) {
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return fmaf(r, fmaf(-x, r, 1.0f), r);
+}
+
 // Count n (m = n when table_index hit, else 0: the term is taken later or
 // is 0) of concentration a = exp(la).
 __device__ __forceinline__ PerSampleTerm per_sample_term(float a, float la, float m) {
   const bool small = a < Tuning<float>::kStirlingMin;
-  // 1 / a by the hardware approximation and one Newton step (within an ulp;
-  // IEEE division branches to a slow path for special operands, here for
-  // each of the four counts).
-  float r;
-  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(a));
-  r = fmaf(r, fmaf(-a, r, 1.0f), r);
+  const float r = newton_reciprocal(a);
   return {small ? a : 1.0f, small ? 1.0f : r,
           m == 0.0f ? 0.0f : (small ? la : m * la), m, 1.0f};
 }
@@ -69,7 +73,9 @@ __global__ void __launch_bounds__(kRowWarps * 32)
   // Each warp's deferred counts of a group, as column offsets from the
   // group's first column, in (lane, bit) order.
   __shared__ uint16_t queue[kRowWarps][32 * 4 * kGroup];
-  if (normalize && threadIdx.x < kTableWidth) log_fact[threadIdx.x] = log_factorial(float(threadIdx.x));
+  if (normalize && threadIdx.x < kTableWidth) {
+    log_fact[threadIdx.x] = log_factorial(static_cast<float>(threadIdx.x));
+  }
   __syncthreads();
   const int lane = threadIdx.x & 31;
   const RowItem it = row_item(split, B, V);
@@ -197,14 +203,7 @@ __global__ void __launch_bounds__(kRowWarps * 32)
       __syncwarp();  // the queue is reused by the next group
     }
   }
-  acc = warp_sum(acc);
-  N = warp_sum(N);
-  norm = warp_sum(norm);
-  A = warp_sum(A);
-  const bool row_ok = __all_sync(0xffffffffu, ok);
-  if (lane == 0) {
-    write_row_result(it, split, 1, 0, row_ok ? acc : NAN, N, norm, A, normalize, out, partial);
-  }
+  write_per_sample_row(it, split, acc, N, norm, A, ok, normalize, out, partial);
 }
 
 }  // namespace cuda
