@@ -5,7 +5,7 @@ import torch
 
 import dirmult_ext
 
-from reference import log_lik_float64, magnitudes
+from reference import components_float64, log_lik_float64, magnitudes
 from test_values import random_counts
 
 pytestmark = [
@@ -221,6 +221,53 @@ def test_ring_forward_matches_float64(shape):
         assert torch.equal(torch.isnan(out), bad) and int(bad.sum()) == 1
         err = (out.double() - ref).abs() / ref.abs().clamp_min(1.0)
         assert err[~bad].max() < 2e-6
+
+
+# Wide rows: the table is filled a thread per column (more than 4096
+# columns) and the float64 refinements of its cancelling entries are queued
+# per warp (prep_and_table_kernel): log_alpha mostly in the cancellation band
+# (a < 1) with every count 0..16, some a >= 8 (scaled factors). Few rows over
+# many chunks take the forward table kernel with two rows in flight where
+# its grid is the one-row kernel's (pick_table_forward: 24x210001 on an
+# H200). A ragged last chunk, counts off the table, a bad row; the single
+# pass's two tables (lnpoch, alpha dpoch) through the gradient.
+@pytest.mark.parametrize("shape", [(24, 210001), (40, 9000)])
+def test_wide_table_fill_matches_float64(shape):
+    B, V = shape
+    counts = torch.randint(0, 17, (B, V)).float() * (torch.rand(B, V) > 0.3)
+    counts[1, 5] = 40.5
+    counts[2, V - 1] = 300.0
+    la = torch.empty(V).uniform_(-2.5, 0.5)
+    la[::7] = torch.empty(la[::7].shape).uniform_(2.0, 6.0)
+    bad = counts.clone()
+    bad[3, 7] = float("nan")
+    for normalize in (False, True):
+        with torch.no_grad():
+            out = dirmult_ext.log_lik(bad.cuda(), la.cuda(), normalize=normalize).cpu()
+        assert torch.isnan(out[3]) and int(torch.isnan(out).sum()) == 1
+        ref = log_lik_float64(counts, la, normalize)
+        rows, _ = magnitudes(counts, la, normalize)
+        keep = torch.arange(B) != 3
+        assert ((out.double() - ref).abs() / rows.clamp_min(1.0))[keep].max() < 2e-6
+    la_c = la.cuda().requires_grad_()
+    g, = torch.autograd.grad(dirmult_ext.log_lik(counts.cuda(), la_c).sum(), la_c)
+    la64 = la.double().requires_grad_()
+    g_ref, = torch.autograd.grad(log_lik_float64(counts, la64).sum(), la64)
+    _, cols = magnitudes(counts, la)
+    assert ((g.double().cpu() - g_ref).abs() / cols.clamp_min(1.0)).max() < 1e-5
+
+
+# Components whose K * V table columns (more than 4096: a thread per column)
+# leave the fill's last warp partly past the table: those lanes stay for the
+# warp's queued refinements.
+def test_component_table_fill_ragged_warp_matches_float64():
+    B, K, V = 40, 3, 5001
+    counts = torch.randint(0, 17, (B, V)).float() * (torch.rand(B, V) > 0.3)
+    la = torch.empty(K, V).uniform_(-2.5, 3.0)
+    for normalize in (False, True):
+        out = dirmult_ext.log_lik_components(counts.cuda(), la.cuda(), normalize=normalize).cpu()
+        ref = components_float64(counts, la, normalize)
+        assert ((out.double() - ref).abs() / ref.abs().amax(0).clamp_min(1.0)).max() < 2e-6
 
 
 # One launch for small problems (forward_small_kernel: B * V <= 2**18 and

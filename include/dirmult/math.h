@@ -252,13 +252,22 @@ DM_HOST_DEVICE void exact_run_step(const ExactFactors<T>& f, int n, ExactRun<T>&
   run.fact *= T(1) + T(n) * T(1);
 }
 
+// lnpoch(a, n), n >= 1, from the state after factors 1 .. n - 1, before the
+// refinement that lnpoch_exact_cancels asks for.
+template <typename T>
+DM_HOST_DEVICE T exact_run_lnpoch(const ExactRun<T>& run, const ExactFactors<T>& f, T log_a,
+                                  int n) {
+  return (f.small ? log_a : T(n) * log_a) + dm_log(run.p);
+}
+
 // Entry n >= 1 from the state after factors 1 .. n - 1: lnpoch(a, n) [- log
-// n! when normalize] (log_poch) or a dpoch(a, n).
+// n! when normalize] (log_poch) or a dpoch(a, n). (run.fact's log is
+// log_factorial(n), the same products.)
 template <typename T>
 DM_HOST_DEVICE T exact_run_value(const ExactRun<T>& run, const ExactFactors<T>& f, T a, T log_a,
                                  int n, bool log_poch, bool normalize) {
   if (!log_poch) return T(1) + (f.small ? a : T(1)) * (run.q / run.p);
-  T r = (f.small ? log_a : T(n) * log_a) + dm_log(run.p);
+  T r = exact_run_lnpoch(run, f, log_a, n);
   if (lnpoch_exact_cancels(log_a, n, r)) {
     r = static_cast<T>(lnpoch_exact_refined(static_cast<double>(log_a), n));
   }

@@ -79,14 +79,24 @@ enum class TableForward {
   kOneRow,    // forward_table_kernel, a row at a time
 };
 
+// Row groups of a table kernel's grid (y): one wave of resident blocks
+// (`wave`) over the chunks, at most a group per warp's worth of rows.
+inline int64_t table_row_groups(int64_t B, int64_t num_chunks, int warps, int64_t wave) {
+  return std::max<int64_t>(1, std::min(ceil_div(B, warps), wave / num_chunks));
+}
+
 template <typename count_t>
 TableForward pick_table_forward(int64_t B, int64_t num_chunks, bool aligned) {
   // Two rows in flight per warp where every warp has many rows (tall,
-  // sparse: measured 7-8% faster); one where rows are few (mid: slower,
-  // half the resident blocks). 8-byte counts: one (registers). Where every
-  // warp has many rows, float32 aligned counts, and the chunks spread evenly
-  // over the SMs (a block per SM): the ring kernel (tall 77.3 -> 71.6 us per
-  // call; sparse's 16 chunks leave 4 of 132 SMs idle: 293.4 vs 291.7).
+  // sparse: measured 7-8% faster), or where the grid is the same either way
+  // and its warps have two rows or more: the same blocks with twice the
+  // bytes in flight per warp (wide 64x262144 57.7 -> 52.0 us, 40x210000
+  // 43.8 -> 40.4). One where the one-row kernel's grid has more blocks (its
+  // block takes fewer resources: 128x131072 46.1 vs 47.6 us; mid). 8-byte
+  // counts: one (registers). Where every warp has many rows, float32 aligned
+  // counts, and the chunks spread evenly over the SMs (a block per SM): the
+  // ring kernel (tall 77.3 -> 71.6 us per call; sparse's 16 chunks leave 4
+  // of 132 SMs idle: 293.4 vs 291.7).
   const int64_t one_row_wave =
       one_wave_blocks<forward_table_kernel<count_t, 1>>(kRowWarps * 32, kTableSmemBytes);
   const bool many_rows = B * num_chunks >= kMinRowsPerWarpForTwo * kRowWarps * one_row_wave;
@@ -96,7 +106,14 @@ TableForward pick_table_forward(int64_t B, int64_t num_chunks, bool aligned) {
           static_cast<int>(kRingSmemBytes)) {
     return TableForward::kRing;
   }
-  return many_rows && sizeof(count_t) <= 4 ? TableForward::kTwoRows : TableForward::kOneRow;
+  if constexpr (sizeof(count_t) <= 4) {
+    const int64_t two_row_wave =
+        one_wave_blocks<forward_table_kernel<count_t, 2>>(kRowWarps * 32, kTableSmemBytes);
+    const int64_t groups = table_row_groups(B, num_chunks, kRowWarps, one_row_wave);
+    const bool same_grid = table_row_groups(B, num_chunks, kRowWarps, two_row_wave) == groups;
+    if (many_rows || (same_grid && B >= 2 * kRowWarps * groups)) return TableForward::kTwoRows;
+  }
+  return TableForward::kOneRow;
 }
 
 template <typename count_t>
@@ -120,7 +137,7 @@ void launch_forward_table(const Tensor& counts, const Tensor& log_alpha, int64_t
   // in a fixed order, whatever the grid.
   auto grid = [&](auto kernel, int warps, size_t smem) {
     const int64_t wave = one_wave_blocks<decltype(kernel)::value>(warps * 32, smem);
-    const int64_t groups = std::max<int64_t>(1, std::min(ceil_div(B, warps), wave / num_chunks));
+    const int64_t groups = table_row_groups(B, num_chunks, warps, wave);
     return dim3(static_cast<unsigned>(num_chunks), static_cast<unsigned>(groups));
   };
   auto launch_rows = [&](auto kernel) {

@@ -121,26 +121,87 @@ inline int64_t table_fill_blocks(int64_t padded_columns) {
 }
 
 // Stores table entries of one column: entry n at dst[n * stride], and for
-// kBoth the alpha dpoch table's at dst2[n * stride].
+// kBoth the alpha dpoch table's at dst2[n * stride]. log n! (normalize)
+// comes from log_fact, the block's copy of log_factorial(0 .. kMaxExactCount)
+// (the same bits as the log of run.fact: the same products), not a log per
+// entry.
 struct TableEntryWriter {
   float* dst;
   float* dst2;  // nullptr unless kBoth
   int64_t stride;
   bool log_poch, normalize;
+  const float* log_fact;
 
   __device__ __forceinline__ void zero(int n) const {
     dst[n * stride] = 0.0f;
     if (dst2 != nullptr) dst2[n * stride] = 0.0f;
   }
 
-  // Entry n from the running products after factors 1 .. n - 1.
-  __device__ __forceinline__ void store(const ExactRun<float>& run, const ExactFactors<float>& f,
+  // lnpoch entry n of dst from its value r.
+  __device__ __forceinline__ void put_lnpoch(float* d, int n, float r) const {
+    d[n * stride] = normalize ? r - log_fact[n] : r;
+  }
+
+  // Entry n from the running products after factors 1 .. n - 1, except an
+  // lnpoch entry that cancels (lnpoch_exact_cancels): that one is left
+  // unstored, for refine(), and store() returns true.
+  __device__ __forceinline__ bool store(const ExactRun<float>& run, const ExactFactors<float>& f,
                                         float a, float la, int n) const {
-    if (n == 0) return zero(0);
-    dst[n * stride] = exact_run_value(run, f, a, la, n, log_poch, normalize);
+    if (n == 0) {
+      zero(0);
+      return false;
+    }
     if (dst2 != nullptr) dst2[n * stride] = exact_run_value(run, f, a, la, n, false, false);
+    if (!log_poch) {
+      dst[n * stride] = exact_run_value(run, f, a, la, n, false, false);
+      return false;
+    }
+    const float r = exact_run_lnpoch(run, f, la, n);
+    if (lnpoch_exact_cancels(la, n, r)) return true;
+    put_lnpoch(dst, n, r);
+    return false;
+  }
+
+  // The cancelling lnpoch entry n of the column whose entries start at d.
+  __device__ __forceinline__ void refine(float* d, float la, int n) const {
+    put_lnpoch(d, n, static_cast<float>(lnpoch_exact_refined(static_cast<double>(la), n)));
   }
 };
+
+// The float64 refinements a warp's columns left (bit n of redo: entry n of
+// the lane's column, entries from w.dst, log_alpha la), spread over the
+// warp's lanes: in the column loop each n's refinement ran for the whole
+// warp, diverged (queued: wide forward 59.2 -> 57.5 us, forward+backward
+// 270.6 -> 256.4, 40x210000 forward 45.6 -> 43.3; the rows are the same
+// bits). Warp-uniform call; queue holds 32 * kTableWidth entries.
+__device__ __forceinline__ void refine_queued(const TableEntryWriter& w, float la, unsigned redo,
+                                              uint16_t* queue) {
+  const int lane = threadIdx.x & 31;
+  const int mine = __popc(redo);
+  int end = mine;  // inclusive prefix sum over the lanes
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int y = __shfl_up_sync(0xffffffffu, end, o);
+    if (lane >= o) end += y;
+  }
+  const int total = __shfl_sync(0xffffffffu, end, 31);
+  if (total == 0) return;
+  for (int i = end - mine; redo != 0; ++i) {
+    const int n = __ffs(static_cast<int>(redo)) - 1;
+    redo &= redo - 1;
+    queue[i] = static_cast<uint16_t>(lane * 32 + n);
+  }
+  __syncwarp();
+  const auto dst = reinterpret_cast<unsigned long long>(w.dst);
+  for (int i0 = 0; i0 < total; i0 += 32) {
+    const int i = i0 + lane;
+    const int e = i < total ? queue[i] : 0;
+    const int src = e >> 5;
+    const float l = __shfl_sync(0xffffffffu, la, src);
+    auto* d = reinterpret_cast<float*>(__shfl_sync(0xffffffffu, dst, src));
+    if (i < total) w.refine(d, l, e & 31);
+  }
+}
 
 // One launch for both: blocks [0, K nblk) prepare alpha (prep_alpha_slice),
 // the rest fill the table of the K * V columns (table_fill_per_entry): lnpoch
@@ -164,12 +225,18 @@ __global__ void __launch_bounds__(kPrepThreads)
                             static_cast<int>(blockIdx.x % nblk), nblk, cols, Apart);
     return;
   }
+  __shared__ float log_fact[kTableWidth];
+  if (normalize && threadIdx.x < kTableWidth) {
+    log_fact[threadIdx.x] = log_factorial(static_cast<float>(threadIdx.x));
+  }
+  __syncthreads();
   const int64_t i = (blockIdx.x - prep_blocks_total) * kPrepThreads + threadIdx.x;
   const bool per_entry = table_fill_per_entry(padded_columns);
   const int n_entry = per_entry ? static_cast<int>(i / padded_columns) : 0;
   const int64_t slot = per_entry ? i - n_entry * padded_columns : i;
-  if (slot >= padded_columns || n_entry >= kTableWidth) return;
-  int64_t column, first, stride;  // entry (column, n) is table[first + n * stride]
+  // Threads past the table stay (idle) for the warp's refine_queued.
+  const bool live = slot < padded_columns && n_entry < kTableWidth;
+  int64_t column = 0, first = 0, stride = 1;  // entry (column, n) is table[first + n * stride]
   if (layout == TableLayout::kChunkSlots) {
     const int64_t chunk = slot / kTableChunk;
     const int p = static_cast<int>(slot - chunk * kTableChunk);  // = table_slot(v, 0) of column v
@@ -179,36 +246,41 @@ __global__ void __launch_bounds__(kPrepThreads)
   } else {
     column = slot;
     first = slot * kTableWidth;
-    stride = 1;
   }
-  TableEntryWriter w{table + first, nullptr, stride, kind != TableKind::kAlphaDPoch, normalize};
+  TableEntryWriter w{table + first, nullptr, stride, kind != TableKind::kAlphaDPoch, normalize,
+                     log_fact};
   if (kind == TableKind::kBoth) w.dst2 = w.dst + padded_columns * kTableWidth;
-  if (column >= K * V) {  // padding: read as count 0 only
-    if (per_entry) {
-      w.zero(n_entry);
-    } else {
-#pragma unroll
-      for (int n = 0; n < kTableWidth; ++n) w.zero(n);
-    }
-    return;
-  }
-  const float la = log_alpha[column];
+  const bool padding = column >= K * V;  // read as count 0 only
+  const float la = live && !padding ? log_alpha[column] : 0.0f;
   const float a = dm_exp(la);
   const ExactFactors<float> f = exact_factors(a);
   ExactRun<float> run;  // after factors 1 .. n - 1 for entry n
   if (per_entry) {
+    // A warp's entries share n: its refinements diverge only between lanes.
+    if (!live) return;
+    if (padding) return w.zero(n_entry);
 #pragma unroll 1
     for (int k = 1; k < n_entry; ++k) exact_run_step(f, k, run);
-    w.store(run, f, a, la, n_entry);
+    if (w.store(run, f, a, la, n_entry)) w.refine(w.dst, la, n_entry);
     return;
   }
   // A thread per column: unrolled, so that n is a constant in each step (a
   // rolled loop made the wide two-table fill 17.7 -> 23.7 us).
+  unsigned redo = 0;  // bit n: entry n left for refine_queued
+  if (live) {
+    if (padding) {
 #pragma unroll
-  for (int n = 0; n < kTableWidth; ++n) {
-    w.store(run, f, a, la, n);
-    if (n > 0) exact_run_step(f, n, run);
+      for (int n = 0; n < kTableWidth; ++n) w.zero(n);
+    } else {
+#pragma unroll
+      for (int n = 0; n < kTableWidth; ++n) {
+        if (w.store(run, f, a, la, n)) redo |= 1u << n;
+        if (n > 0) exact_run_step(f, n, run);
+      }
+    }
   }
+  __shared__ uint16_t queue[kPrepThreads / 32][32 * kTableWidth];
+  refine_queued(w, la, redo, queue[threadIdx.x >> 5]);
 }
 
 // Prepares (K, V) float alpha into alpha_dst (prepared_alpha_bytes) and
