@@ -65,7 +65,8 @@ if __name__ == "__main__":
     case(52001, 37)                 # two rows per warp (single pass)
     forward_case(52001, 37)         # forward table kernel, two rows per warp
     forward_case(52001, 8)          # ring forward (short rows: zero-filled copies)
-    forward_case(40, 210000)        # forward table kernel, many chunks of few rows (wide)
+    forward_case(40, 210000)        # wide: two rows per warp over many chunks; fill a thread
+                                    # per column, refinements queued per warp
     case(5, 301)                    # scalar loads (V % 4 != 0)
     case(3, 9000)                   # split rows
     case(20, 64, torch.uint8)
@@ -77,6 +78,7 @@ if __name__ == "__main__":
     case(13, 70, counts_grad=True)
     case(17, 1500, K=5)             # components, two column chunks
     case(40, 1030, K=3)             # component tables, K <= 4, ragged slices
+    case(40, 5001, K=3)             # component tables, fill a thread per column, last warp ragged
     case(33, 301, K=7)              # component tables, K <= 8, scalar loads
     case(64, 260, torch.uint8, K=18)  # component tables, two component blocks
     case(6, 33, torch.int64, K=9)
