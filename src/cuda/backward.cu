@@ -35,8 +35,8 @@ void launch_backward_columns(const Tensor& grad, const Tensor& counts, const Ten
   float* table = kTable ? ScratchLayout::at<float>(ws, table_at) : nullptr;
   const PreparedAlpha<scalar_t> pa = [&] {
     if constexpr (kTable) {
-      return prepare_alpha_and_table(log_alpha, 1, V, alpha_dst, TableKind::kAlphaDPoch,
-                                     TableLayout::kChunkSlots, false, table, stream);
+      return prepare_alpha_and_table<TableKind::kAlphaDPoch, TableLayout::kChunkSlots>(
+          log_alpha, 1, V, alpha_dst, false, table, stream);
     } else {
       return prepare_alpha<scalar_t>(log_alpha, K, V, alpha_dst, stream);
     }
@@ -72,7 +72,7 @@ void launch_components_backward_table(const Tensor& grad, const Tensor& counts,
   const int64_t rows_per_tile = ceil_div(B, tiles);
   const int64_t row_tiles = ceil_div(B, rows_per_tile);
   ScratchLayout layout;
-  const TableScratch tables(layout, K, V, TableKind::kAlphaDPoch, TableLayout::kColumns);
+  const TableScratch<TableKind::kAlphaDPoch, TableLayout::kColumns> tables(layout, K, V);
   const int64_t c_at = layout.add(row_tiles * K * V * static_cast<int64_t>(sizeof(double)));
   const int64_t n_at = layout.add(B * static_cast<int64_t>(sizeof(double)));
   const int64_t w_at = layout.add(weight_partial_bytes(B, K, 1));

@@ -124,7 +124,7 @@ void launch_forward_table(const Tensor& counts, const Tensor& log_alpha, int64_t
   const bool aligned = V % 4 == 0 && is_aligned<count_t>(n);
   const TableForward kind = pick_table_forward<count_t>(B, num_chunks, aligned);
   ScratchLayout layout;
-  const TableScratch tables(layout, 1, V, TableKind::kLogPoch, TableLayout::kChunkSlots);
+  const TableScratch<TableKind::kLogPoch, TableLayout::kChunkSlots> tables(layout, 1, V);
   const int64_t partial_at =
       layout.add(num_chunks > 1 ? B * num_chunks * static_cast<int64_t>(sizeof(RowPartial)) : 0);
   const Tensor ws = workspace(counts, layout.size());
@@ -182,7 +182,7 @@ void launch_components_table(const Tensor& counts, const Tensor& log_alpha, int6
   constexpr int C = CompSlice<KB>::kCols;
   const int64_t slices = ceil_div(V, C), k_blocks = ceil_div(K, KB);
   ScratchLayout layout;
-  const TableScratch tables(layout, K, V, TableKind::kLogPoch, TableLayout::kColumns);
+  const TableScratch<TableKind::kLogPoch, TableLayout::kColumns> tables(layout, K, V);
   const int64_t s_at = layout.add(B * slices * K * static_cast<int64_t>(sizeof(float)));
   const int64_t n_at = layout.add(B * slices * static_cast<int64_t>(sizeof(double2)));
   const Tensor ws = workspace(counts, layout.size());

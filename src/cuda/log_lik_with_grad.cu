@@ -22,7 +22,7 @@ void launch_with_grad(const Tensor& counts, const Tensor& log_alpha, int64_t B, 
   const int64_t parts = tiling.col_chunks * kColWarps;
   const int64_t column_tiles = tiling.row_tiles * kWithGradGroups;  // Cpart rows
   ScratchLayout layout;
-  const TableScratch tables(layout, 1, V, TableKind::kBoth, TableLayout::kChunkSlots);
+  const TableScratch<TableKind::kBoth, TableLayout::kChunkSlots> tables(layout, 1, V);
   const int64_t c_at = layout.add(column_tiles * V * static_cast<int64_t>(sizeof(double)));
   const int64_t n_at = layout.add(B * parts * static_cast<int64_t>(sizeof(double)));
   const int64_t l_at = layout.add(B * parts * static_cast<int64_t>(sizeof(double)));

@@ -120,26 +120,28 @@ inline int64_t table_fill_blocks(int64_t padded_columns) {
                   kPrepThreads);
 }
 
-// Stores table entries of one column: entry n at dst[n * stride], and for
-// kBoth the alpha dpoch table's at dst2[n * stride]. log n! (normalize)
-// comes from log_fact, the block's copy of log_factorial(0 .. kMaxExactCount)
-// (the same bits as the log of run.fact: the same products), not a log per
-// entry.
+// Stores table entries of one column: entry n at dst[n * kStride], and for
+// kBoth the alpha dpoch table's at dst2[n * kStride]. The kind and layout
+// are template arguments so that the fill's unrolled loop has no branch on
+// them and its stores constant offsets. log n! (normalize) comes from
+// log_fact, the block's copy of log_factorial(0 .. kMaxExactCount) (the same
+// bits as the log of run.fact: the same products), not a log per entry.
+template <TableKind kKind, TableLayout kLayout>
 struct TableEntryWriter {
+  static constexpr int64_t kStride = kLayout == TableLayout::kChunkSlots ? kTableChunk : 1;
   float* dst;
-  float* dst2;  // nullptr unless kBoth
-  int64_t stride;
-  bool log_poch, normalize;
+  float* dst2;  // kBoth only
+  bool normalize;
   const float* log_fact;
 
   __device__ __forceinline__ void zero(int n) const {
-    dst[n * stride] = 0.0f;
-    if (dst2 != nullptr) dst2[n * stride] = 0.0f;
+    dst[n * kStride] = 0.0f;
+    if constexpr (kKind == TableKind::kBoth) dst2[n * kStride] = 0.0f;
   }
 
-  // lnpoch entry n of dst from its value r.
+  // lnpoch entry n of the column whose entries start at d, from its value r.
   __device__ __forceinline__ void put_lnpoch(float* d, int n, float r) const {
-    d[n * stride] = normalize ? r - log_fact[n] : r;
+    d[n * kStride] = normalize ? r - log_fact[n] : r;
   }
 
   // Entry n from the running products after factors 1 .. n - 1, except an
@@ -151,15 +153,18 @@ struct TableEntryWriter {
       zero(0);
       return false;
     }
-    if (dst2 != nullptr) dst2[n * stride] = exact_run_value(run, f, a, la, n, false, false);
-    if (!log_poch) {
-      dst[n * stride] = exact_run_value(run, f, a, la, n, false, false);
+    if constexpr (kKind == TableKind::kBoth) {
+      dst2[n * kStride] = exact_run_value(run, f, a, la, n, false, false);
+    }
+    if constexpr (kKind == TableKind::kAlphaDPoch) {
+      dst[n * kStride] = exact_run_value(run, f, a, la, n, false, false);
+      return false;
+    } else {
+      const float r = exact_run_lnpoch(run, f, la, n);
+      if (lnpoch_exact_cancels(la, n, r)) return true;
+      put_lnpoch(dst, n, r);
       return false;
     }
-    const float r = exact_run_lnpoch(run, f, la, n);
-    if (lnpoch_exact_cancels(la, n, r)) return true;
-    put_lnpoch(dst, n, r);
-    return false;
   }
 
   // The cancelling lnpoch entry n of the column whose entries start at d.
@@ -174,7 +179,8 @@ struct TableEntryWriter {
 // warp, diverged (queued: wide forward 59.2 -> 57.5 us, forward+backward
 // 270.6 -> 256.4, 40x210000 forward 45.6 -> 43.3; the rows are the same
 // bits). Warp-uniform call; queue holds 32 * kTableWidth entries.
-__device__ __forceinline__ void refine_queued(const TableEntryWriter& w, float la, unsigned redo,
+template <typename Writer>
+__device__ __forceinline__ void refine_queued(const Writer& w, float la, unsigned redo,
                                               uint16_t* queue) {
   const int lane = threadIdx.x & 31;
   const int mine = __popc(redo);
@@ -210,14 +216,11 @@ __device__ __forceinline__ void refine_queued(const TableEntryWriter& w, float l
 // adpoch_exact, so the same values); for kBoth both tables. For
 // kChunkSlots, consecutive threads take consecutive slots of one n, so every
 // store is coalesced.
-// (A template, instantiated for float only, so that this header can define it
-// in every .cu file that includes it.)
-template <typename scalar_t>
+template <TableKind kKind, TableLayout kLayout>
 __global__ void __launch_bounds__(kPrepThreads)
     prep_and_table_kernel(const float* __restrict__ log_alpha, int64_t V, int K, int nblk,
                           ColumnAlpha<float>* __restrict__ cols, double* __restrict__ Apart,
-                          TableKind kind, TableLayout layout, bool normalize,
-                          float* __restrict__ table, int64_t padded_columns) {
+                          bool normalize, float* __restrict__ table, int64_t padded_columns) {
   allow_dependent_launch();  // the table kernel's launch overlaps this one
   const int64_t prep_blocks_total = static_cast<int64_t>(nblk) * K;
   if (blockIdx.x < prep_blocks_total) {
@@ -236,20 +239,19 @@ __global__ void __launch_bounds__(kPrepThreads)
   const int64_t slot = per_entry ? i - n_entry * padded_columns : i;
   // Threads past the table stay (idle) for the warp's refine_queued.
   const bool live = slot < padded_columns && n_entry < kTableWidth;
-  int64_t column = 0, first = 0, stride = 1;  // entry (column, n) is table[first + n * stride]
-  if (layout == TableLayout::kChunkSlots) {
+  int64_t column, first;  // entry (column, n) is table[first + n * kStride]
+  if constexpr (kLayout == TableLayout::kChunkSlots) {
     const int64_t chunk = slot / kTableChunk;
     const int p = static_cast<int>(slot - chunk * kTableChunk);  // = table_slot(v, 0) of column v
     column = chunk * kTableChunk + (p % (kTableChunk / 4)) * 4 + p / (kTableChunk / 4);
     first = chunk * kChunkFloats + p;
-    stride = kTableChunk;
   } else {
     column = slot;
     first = slot * kTableWidth;
   }
-  TableEntryWriter w{table + first, nullptr, stride, kind != TableKind::kAlphaDPoch, normalize,
-                     log_fact};
-  if (kind == TableKind::kBoth) w.dst2 = w.dst + padded_columns * kTableWidth;
+  using Writer = TableEntryWriter<kKind, kLayout>;
+  Writer w{table + first, nullptr, normalize, log_fact};
+  if constexpr (kKind == TableKind::kBoth) w.dst2 = w.dst + padded_columns * kTableWidth;
   const bool padding = column >= K * V;  // read as count 0 only
   const float la = live && !padding ? log_alpha[column] : 0.0f;
   const float a = dm_exp(la);
@@ -284,19 +286,19 @@ __global__ void __launch_bounds__(kPrepThreads)
 }
 
 // Prepares (K, V) float alpha into alpha_dst (prepared_alpha_bytes) and
-// fills `table` (table_bytes(K * V, layout, kind)), in one launch.
-inline PreparedAlpha<float> prepare_alpha_and_table(const torch::stable::Tensor& log_alpha, int K,
-                                                    int64_t V, void* alpha_dst, TableKind kind,
-                                                    TableLayout layout, bool normalize,
-                                                    float* table, cudaStream_t stream) {
+// fills `table` (table_bytes(K * V, kLayout, kKind)), in one launch.
+template <TableKind kKind, TableLayout kLayout>
+PreparedAlpha<float> prepare_alpha_and_table(const torch::stable::Tensor& log_alpha, int K,
+                                             int64_t V, void* alpha_dst, bool normalize,
+                                             float* table, cudaStream_t stream) {
   const int nblk = prep_blocks(V);
   auto* cols = static_cast<ColumnAlpha<float>*>(alpha_dst);
   auto* Apart = reinterpret_cast<double*>(cols + K * V);
-  const int64_t padded_columns = table_columns(K * V, layout);
+  const int64_t padded_columns = table_columns(K * V, kLayout);
   const int64_t blocks = static_cast<int64_t>(nblk) * K + table_fill_blocks(padded_columns);
-  prep_and_table_kernel<float><<<blocks, kPrepThreads, 0, stream>>>(
-      static_cast<const float*>(log_alpha.const_data_ptr()), V, K, nblk, cols, Apart, kind, layout,
-      normalize, table, padded_columns);
+  prep_and_table_kernel<kKind, kLayout><<<blocks, kPrepThreads, 0, stream>>>(
+      static_cast<const float*>(log_alpha.const_data_ptr()), V, K, nblk, cols, Apart, normalize,
+      table, padded_columns);
   DM_CUDA_CHECK_LAUNCH();
   return {cols, Apart, nblk};
 }
@@ -304,20 +306,19 @@ inline PreparedAlpha<float> prepare_alpha_and_table(const torch::stable::Tensor&
 // The front of a table launcher's scratch memory: (K, V) prepared float
 // alpha and its table, filled by one launch. Reserve, allocate, prepare:
 //   ScratchLayout layout;
-//   const TableScratch tables(layout, K, V, kind, table_layout);
+//   const TableScratch<kind, table_layout> tables(layout, K, V);
 //   const int64_t mine = layout.add(...);            // the launcher's own
 //   const Tensor ws = workspace(counts, layout.size());
 //   const PreparedAlpha<float> pa = tables.prepare(ws, log_alpha, normalize, stream);
 //   float* table = tables.table(ws);
+template <TableKind kKind, TableLayout kLayout>
 class TableScratch {
  public:
-  TableScratch(ScratchLayout& layout, int K, int64_t V, TableKind kind, TableLayout table_layout)
+  TableScratch(ScratchLayout& layout, int K, int64_t V)
       : K_(K),
         V_(V),
-        kind_(kind),
-        table_layout_(table_layout),
         alpha_at_(layout.add(prepared_alpha_bytes<float>(K, V))),
-        table_at_(layout.add(table_bytes(K * V, table_layout, kind))) {}
+        table_at_(layout.add(table_bytes(K * V, kLayout, kKind))) {}
 
   float* table(const torch::stable::Tensor& ws) const {
     return ScratchLayout::at<float>(ws, table_at_);
@@ -326,15 +327,13 @@ class TableScratch {
   PreparedAlpha<float> prepare(const torch::stable::Tensor& ws,
                                const torch::stable::Tensor& log_alpha, bool normalize,
                                cudaStream_t stream) const {
-    return prepare_alpha_and_table(log_alpha, K_, V_, ScratchLayout::at<char>(ws, alpha_at_),
-                                   kind_, table_layout_, normalize, table(ws), stream);
+    return prepare_alpha_and_table<kKind, kLayout>(
+        log_alpha, K_, V_, ScratchLayout::at<char>(ws, alpha_at_), normalize, table(ws), stream);
   }
 
  private:
   int K_;
   int64_t V_;
-  TableKind kind_;
-  TableLayout table_layout_;
   int64_t alpha_at_, table_at_;
 };
 
