@@ -24,6 +24,7 @@
 #include "../common/tensor_checks.h"
 #include "../common/with_grad.h"
 #include "dirmult/math.h"
+#include "per_sample_avx2.h"
 
 namespace dirmult {
 namespace {
@@ -241,6 +242,54 @@ RowSums lnp_row_sums(const count_t* row, int64_t v0, int64_t v1,
   return r;
 }
 
+// One row piece of the per-sample float32 forward, eight counts at a time
+// (per_sample_avx2.h); the counts it leaves (off the table, bad, or
+// cancelling) take the scalar path below. Counts of other dtypes go in as
+// float where that is exact, else as NaN (left to the scalar path, which
+// reads the count itself). 4096x1024, counts 0..9, 2 cores: see
+// BENCHMARKS.md (CPU, eighth session).
+template <typename count_t>
+RowSums per_sample_sums_avx2(const count_t* row, const float* lrow, int64_t v0, int64_t v1,
+                             bool normalize) {
+  constexpr int kBlock = cpu::kPerSampleBlock;
+  cpu::PerSampleBlockSums sums;
+  RowSums r;
+  float nbuf[kBlock];
+  uint16_t rest[kBlock];
+  for (int64_t v = v0; v < v1; v += kBlock) {
+    const int m = static_cast<int>(std::min<int64_t>(kBlock, v1 - v));
+    const float* n = nbuf;
+    if constexpr (std::is_same_v<count_t, float>) {
+      n = row + v;
+    } else {
+      for (int i = 0; i < m; ++i) {
+        const float f = static_cast<float>(row[v + i]);
+        nbuf[i] = static_cast<double>(f) == static_cast<double>(row[v + i])
+                      ? f
+                      : std::numeric_limits<float>::quiet_NaN();
+      }
+    }
+    const int others = cpu::per_sample_block_avx2(lrow + v, n, m, normalize, sums, rest);
+    for (int j = 0; j < others; ++j) {  // as the scalar path (A is in sums)
+      const int64_t u = v + rest[j];
+      const float c = static_cast<float>(row[u]);
+      if (c == 0.0f) continue;
+      if (!is_valid_count(c)) {
+        r.ok = false;
+        continue;
+      }
+      r.N += static_cast<double>(row[u]);
+      r.s += lnpoch(dm_exp(lrow[u]), lrow[u], c);
+      if (normalize) r.s -= log_factorial(c);
+    }
+  }
+  r.s += sums.s - sums.norm;
+  r.N += static_cast<double>(sums.N);
+  r.A = sums.A;
+  r.ok = r.ok && sums.finite;
+  return r;
+}
+
 template <typename scalar_t, typename count_t>
 void forward_rows(const count_t* counts, const scalar_t* la, bool shared,
                   int64_t B, int64_t V, bool normalize, scalar_t* out) {
@@ -259,6 +308,11 @@ void forward_rows(const count_t* counts, const scalar_t* la, bool shared,
   auto part = [&](int64_t b, int64_t v0, int64_t v1) {
     const count_t* row = counts + b * V;
     const scalar_t* lrow = la + b * V;
+    if constexpr (std::is_same_v<scalar_t, float>) {
+      if (cpu::per_sample_avx2_available()) {
+        return per_sample_sums_avx2<count_t>(row, lrow, v0, v1, normalize);
+      }
+    }
     RowSums r;
     for (int64_t v = v0; v < v1; ++v) {
       const scalar_t a = dm_exp(lrow[v]);

@@ -1,0 +1,41 @@
+// Per-sample float32 forward terms eight at a time, with AVX2 and FMA (x86-64
+// CPUs that have them, chosen at run time; the package itself is built for
+// the baseline ISA). The scalar path spends ~23 ns per count on one expf,
+// a loop of products with a data-dependent trip count and a logf; eager
+// float32 PyTorch is vectorized and was faster (docs/DEVELOPING.md). Here
+// the same exact products run in vector registers to the block's largest
+// count, with one vector exp and log per eight counts.
+#pragma once
+
+#include <cstdint>
+
+namespace dirmult {
+namespace cpu {
+
+// Elements per per_sample_block_avx2 call.
+constexpr int kPerSampleBlock = 256;
+
+// A row piece's sums from per_sample_block_avx2 calls.
+struct PerSampleBlockSums {
+  double s = 0.0;     // lnpoch terms
+  double norm = 0.0;  // log n! of the same counts (normalize)
+  double A = 0.0;     // concentrations, every element
+  int64_t N = 0;      // the same counts
+  bool finite = true;  // every log_alpha finite
+};
+
+// Whether this CPU runs per_sample_block_avx2 (AVX2 and FMA).
+bool per_sample_avx2_available();
+
+// For la[0..m) and counts n[0..m) as float (m <= kPerSampleBlock; NaN marks a
+// count the caller takes itself): adds every exp(la) to A; for the counts
+// that are integers 0..16 and whose term does not cancel (math.h
+// lnpoch_exact_cancels), lnpoch(a, n) to s, n to N and, when normalize, log
+// n! to norm. Writes the positions of the other elements (counts off the
+// table, bad, or cancelling) to rest and returns how many: the caller gives
+// them the scalar path (all but A). Only when per_sample_avx2_available().
+int per_sample_block_avx2(const float* la, const float* n, int m, bool normalize,
+                          PerSampleBlockSums& sums, uint16_t* rest);
+
+}  // namespace cpu
+}  // namespace dirmult

@@ -1,0 +1,84 @@
+"""The CPU per-sample float32 forward, which on x86-64 CPUs with AVX2 and
+FMA takes eight counts at a time in blocks of 256 (src/cpu/per_sample_avx2.h)
+and leaves counts off the table, bad ones and cancelling terms to the scalar
+path: block and vector edges, every count dtype, concentrations from tiny
+(below exp's vector range) to scaled, the cancellation band, bad values."""
+import pytest
+import torch
+
+import dirmult_ext
+
+from reference import log_lik_float64, magnitudes
+
+
+def mixed_counts(B, V, dtype):
+    """Counts 0..16 (the table), some off it (large; fractional for float
+    dtypes), a third zeros."""
+    c = torch.randint(0, 17, (B, V)).double() * (torch.rand(B, V) > 0.33)
+    big = torch.rand(B, V) < 0.03
+    c[big] = torch.randint(17, 200, (int(big.sum()),)).double()
+    if dtype.is_floating_point:
+        frac = torch.rand(B, V) < 0.03
+        c[frac] = torch.rand(int(frac.sum())).double() * 20
+    else:
+        c.clamp_(max=255)
+    return c.to(dtype)
+
+
+@pytest.mark.parametrize("V", [1, 7, 8, 9, 255, 256, 257, 1000])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64, torch.uint8])
+@pytest.mark.parametrize("normalize", [False, True])
+def test_per_sample_blocks_match_float64(V, dtype, normalize):
+    B = 5
+    counts = mixed_counts(B, V, dtype)
+    la = torch.empty(B, V).uniform_(-3.0, 4.0)
+    la[:, ::5] = torch.empty(la[:, ::5].shape).uniform_(-2.5, 0.0)  # cancellation band
+    la[:, 1::7] = torch.empty(la[:, 1::7].shape).uniform_(2.1, 15.0)  # scaled factors
+    out = dirmult_ext.log_lik(counts, la, normalize=normalize)
+    ref = log_lik_float64(counts, la, normalize)
+    rows, _ = magnitudes(counts, la, normalize)
+    assert ((out.double() - ref).abs() / rows.clamp_min(1.0)).max() < 2e-6
+
+
+def test_per_sample_tiny_concentrations_match_float64():
+    # exp(log_alpha) below float32's normal range (denormal) is taken by the
+    # scalar exp, as in the scalar path. A sums the float32 concentrations:
+    # the reference is float64 of those (a row of only denormal alphas has
+    # an A that float32 rounds by up to 0.1%, and lnpoch(A, N) with it).
+    B, V = 4, 300
+    counts = mixed_counts(B, V, torch.float32)
+    la = torch.empty(B, V).uniform_(-3.0, 4.0)
+    la[0] = torch.empty(V).uniform_(-100.0, -87.5)  # every alpha denormal or 0
+    la[1, ::3] = -95.0
+    out = dirmult_ext.log_lik(counts, la)
+    ref = log_lik_float64(counts, la.double().exp().float().double().clamp_min(1e-300).log())
+    rows, _ = magnitudes(counts, la)
+    assert ((out.double() - ref).abs() / rows.clamp_min(1.0)).max() < 2e-6
+
+
+def test_per_sample_bad_values_give_nan_rows():
+    counts = mixed_counts(8, 600, torch.float32)
+    la = torch.empty(8, 600).uniform_(-3.0, 4.0)
+    counts[0, 300] = float("nan")
+    counts[1, 7] = -1.0
+    counts[2, 599] = float("inf")
+    la[3, 256] = float("inf")
+    la[4, 0] = float("-inf")
+    la[5, 511] = float("nan")
+    out = torch.ops.dirmult.log_lik(counts, la, False)
+    assert torch.isnan(out[:6]).all() and not torch.isnan(out[6:]).any()
+    ref = log_lik_float64(counts[6:], la[6:])
+    rows, _ = magnitudes(counts[6:], la[6:])
+    assert ((out[6:].double() - ref).abs() / rows.clamp_min(1.0)).max() < 2e-6
+
+
+def test_per_sample_rows_split_into_chunks_match_whole_rows():
+    # Few long rows are split into column chunks (for_each_row); each chunk
+    # is its own run of blocks.
+    B, V = 2, 70001
+    counts = mixed_counts(B, V, torch.float32)
+    la = torch.empty(B, V).uniform_(-3.0, 4.0)
+    out = dirmult_ext.log_lik(counts, la, normalize=True)
+    ref = log_lik_float64(counts, la, True)
+    rows, _ = magnitudes(counts, la, True)
+    assert ((out.double() - ref).abs() / rows.clamp_min(1.0)).max() < 2e-6
