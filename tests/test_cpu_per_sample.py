@@ -82,3 +82,35 @@ def test_per_sample_rows_split_into_chunks_match_whole_rows():
     ref = log_lik_float64(counts, la, True)
     rows, _ = magnitudes(counts, la, True)
     assert ((out.double() - ref).abs() / rows.clamp_min(1.0)).max() < 2e-6
+
+
+@pytest.mark.parametrize("V", [1, 9, 256, 257, 1000])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64, torch.uint8])
+def test_per_sample_gradient_matches_float64(V, dtype):
+    # The gradient with respect to log_alpha (per_sample_grad_block_avx2 and
+    # the row totals' alpha sum), weighted rows, every count kind.
+    B = 6
+    counts = mixed_counts(B, V, dtype)
+    la = torch.empty(B, V).uniform_(-3.0, 4.0)
+    la[:, 1::7] = torch.empty(la[:, 1::7].shape).uniform_(2.1, 15.0)
+    w = torch.randn(B)
+    la32 = la.clone().requires_grad_()
+    g, = torch.autograd.grad((dirmult_ext.log_lik(counts, la32) * w).sum(), la32)
+    la64 = la.double().requires_grad_()
+    g_ref, = torch.autograd.grad((log_lik_float64(counts, la64) * w.double()).sum(), la64)
+    # Each element relative to its own terms: |w_b| (|a dpoch(a, n)| + a |dpoch(A, N)|).
+    a = la.double().exp()
+    n = counts.double()
+    A, N = a.sum(1, keepdim=True), n.sum(1, keepdim=True)
+    scale = w.double().abs().unsqueeze(1) * (
+        (a * (torch.digamma(n + a) - torch.digamma(a))).abs()
+        + a * (torch.digamma(N + A) - torch.digamma(A)).abs())
+    assert ((g.double() - g_ref).abs() / scale.clamp_min(1.0)).max() < 1e-5
+
+
+def test_per_sample_gradient_bad_count_gives_nan_row():
+    counts = mixed_counts(3, 300, torch.float32)
+    counts[1, 290] = -2.0
+    la = torch.empty(3, 300).uniform_(-3.0, 4.0).requires_grad_()
+    g, = torch.autograd.grad(torch.ops.dirmult.log_lik(counts, la, False).sum(), la)
+    assert torch.isnan(g[1]).all() and not torch.isnan(g[[0, 2]]).any()

@@ -248,6 +248,24 @@ RowSums lnp_row_sums(const count_t* row, int64_t v0, int64_t v1,
 // float where that is exact, else as NaN (left to the scalar path, which
 // reads the count itself). 4096x1024, counts 0..9, 2 cores: see
 // BENCHMARKS.md (CPU, eighth session).
+// Counts row[v .. v + m) as float for the per-sample AVX2 blocks: the row
+// itself for float counts, else a copy in buf where the conversion is
+// exact and NaN (left to the scalar path) where it is not.
+template <typename count_t>
+const float* counts_as_float(const count_t* row, int64_t v, int m, float* buf) {
+  if constexpr (std::is_same_v<count_t, float>) {
+    return row + v;
+  } else {
+    for (int i = 0; i < m; ++i) {
+      const float f = static_cast<float>(row[v + i]);
+      buf[i] = static_cast<double>(f) == static_cast<double>(row[v + i])
+                   ? f
+                   : std::numeric_limits<float>::quiet_NaN();
+    }
+    return buf;
+  }
+}
+
 template <typename count_t>
 RowSums per_sample_sums_avx2(const count_t* row, const float* lrow, int64_t v0, int64_t v1,
                              bool normalize) {
@@ -258,17 +276,7 @@ RowSums per_sample_sums_avx2(const count_t* row, const float* lrow, int64_t v0, 
   uint16_t rest[kBlock];
   for (int64_t v = v0; v < v1; v += kBlock) {
     const int m = static_cast<int>(std::min<int64_t>(kBlock, v1 - v));
-    const float* n = nbuf;
-    if constexpr (std::is_same_v<count_t, float>) {
-      n = row + v;
-    } else {
-      for (int i = 0; i < m; ++i) {
-        const float f = static_cast<float>(row[v + i]);
-        nbuf[i] = static_cast<double>(f) == static_cast<double>(row[v + i])
-                      ? f
-                      : std::numeric_limits<float>::quiet_NaN();
-      }
-    }
+    const float* n = counts_as_float(row, v, m, nbuf);
     const int others = cpu::per_sample_block_avx2(lrow + v, n, m, normalize, sums, rest);
     for (int j = 0; j < others; ++j) {  // as the scalar path (A is in sums)
       const int64_t u = v + rest[j];
@@ -288,6 +296,23 @@ RowSums per_sample_sums_avx2(const count_t* row, const float* lrow, int64_t v0, 
   r.A = sums.A;
   r.ok = r.ok && sums.finite;
   return r;
+}
+
+// One row's per-sample gradient with respect to log_alpha (out[0, V)),
+// eight counts at a time; scalar_term(v) writes the elements the blocks
+// leave (counts off the table or bad).
+template <typename count_t, typename ScalarTerm>
+void per_sample_grad_avx2(const count_t* row, const float* lrow, int64_t V, double g, double d,
+                          float* out, ScalarTerm scalar_term) {
+  constexpr int kBlock = cpu::kPerSampleBlock;
+  float nbuf[kBlock];
+  uint16_t rest[kBlock];
+  for (int64_t v = 0; v < V; v += kBlock) {
+    const int m = static_cast<int>(std::min<int64_t>(kBlock, V - v));
+    const float* n = counts_as_float(row, v, m, nbuf);
+    const int others = cpu::per_sample_grad_block_avx2(lrow + v, n, m, g, d, out + v, rest);
+    for (int j = 0; j < others; ++j) scalar_term(v + rest[j]);
+  }
 }
 
 template <typename scalar_t, typename count_t>
@@ -342,6 +367,17 @@ RowSums row_count_sums(const count_t* counts, const scalar_t* la, bool shared, i
                        int64_t V, int64_t v0, int64_t v1) {
   const count_t* row = counts + b * V;
   RowSums r;
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    if (!shared && cpu::per_sample_avx2_available()) {
+      for (int64_t v = v0; v < v1; ++v) {
+        const scalar_t n = static_cast<scalar_t>(row[v]);
+        r.ok = r.ok && (n == scalar_t(0) || is_valid_count(n));
+        r.N += static_cast<double>(row[v]);
+      }
+      r.A = cpu::per_sample_alpha_sum_avx2(la + b * V + v0, v1 - v0, r.ok);
+      return r;
+    }
+  }
   for (int64_t v = v0; v < v1; ++v) {
     const scalar_t n = static_cast<scalar_t>(row[v]);
     r.ok = r.ok && (n == scalar_t(0) || is_valid_count(n));
@@ -527,12 +563,22 @@ void backward_rows(const scalar_t* grad, const count_t* counts,
       const count_t* row = counts + b * V;
       if (grad_la != nullptr) {
         const double d = dpoch<double>(A, N);
-        for (int64_t v = 0; v < V; ++v) {
+        // (A bad count makes N, d and the row's gradient NaN.)
+        auto scalar_term = [&](int64_t v) {
           const scalar_t a = dm_exp(lrow[v]);
           const scalar_t n = static_cast<scalar_t>(row[v]);
-          // (A bad count makes N, d and the row's gradient NaN.)
           const double t = is_valid_count(n) ? static_cast<double>(adpoch(a, n)) : kNaN;
           grad_la[b * V + v] = static_cast<scalar_t>(g * (t - static_cast<double>(a) * d));
+        };
+        bool done = false;
+        if constexpr (std::is_same_v<scalar_t, float>) {
+          if (!shared && cpu::per_sample_avx2_available()) {
+            per_sample_grad_avx2<count_t>(row, lrow, V, g, d, grad_la + b * V, scalar_term);
+            done = true;
+          }
+        }
+        if (!done) {
+          for (int64_t v = 0; v < V; ++v) scalar_term(v);
         }
       }
       if (grad_counts != nullptr) {

@@ -83,6 +83,65 @@ DM_AVX2 inline double hsum(__m256d x) {
   return _mm_cvtsd_f64(_mm_add_sd(s, _mm_unpackhi_pd(s, s)));
 }
 
+// e^x for eight lanes; lanes outside exp8's range (tiny, huge, not finite)
+// by the scalar exp, as the scalar path has them (denormals, 0, inf, NaN).
+DM_AVX2 inline __m256 exp8_checked(__m256 x) {
+  const __m256 a = exp8(x);
+  const int in_range = _mm256_movemask_ps(
+      _mm256_and_ps(_mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_GE_OQ),
+                    _mm256_cmp_ps(x, _mm256_set1_ps(88.0f), _CMP_LE_OQ)));
+  if (in_range == 0xff) return a;
+  alignas(32) float ab[8], xb[8];
+  _mm256_store_ps(ab, a);
+  _mm256_store_ps(xb, x);
+  for (int j = 0; j < 8; ++j) {
+    if (!((in_range >> j) & 1)) ab[j] = dm_exp(xb[j]);
+  }
+  return _mm256_load_ps(ab);
+}
+
+// Lanes i0 .. i0 + 7 of p[0, m): all eight, or the first m - i0 with zeros
+// after them (`in` marks the lanes inside).
+DM_AVX2 inline __m256 load_block(const float* p, int i0, int m, __m256& in) {
+  const int k = m - i0 < 8 ? m - i0 : 8;
+  const __m256i in_i =
+      _mm256_cmpgt_epi32(_mm256_set1_epi32(k), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  in = _mm256_castsi256_ps(in_i);
+  return k == 8 ? _mm256_loadu_ps(p + i0) : _mm256_maskload_ps(p + i0, in_i);
+}
+
+// The table test of the GPU kernels (table_index): c + 2^23 holds c in its
+// low mantissa bits when c is an integer in [0, 2^23). Returns the lanes
+// with integer counts 0 .. kMaxExactCount, their counts in mi (else 0).
+DM_AVX2 inline __m256 table_counts(__m256 c, __m256i& mi) {
+  const __m256 two23 = _mm256_set1_ps(8388608.0f);
+  const __m256 t = _mm256_add_ps(c, two23);
+  const __m256i idx = _mm256_sub_epi32(_mm256_castps_si256(t), _mm256_set1_epi32(0x4B000000));
+  const __m256i idx_ok =
+      _mm256_and_si256(_mm256_cmpgt_epi32(idx, _mm256_set1_epi32(-1)),
+                       _mm256_cmpgt_epi32(_mm256_set1_epi32(kMaxExactCount + 1), idx));
+  const __m256 hit = _mm256_and_ps(_mm256_castsi256_ps(idx_ok),
+                                   _mm256_cmp_ps(_mm256_sub_ps(t, two23), c, _CMP_EQ_OQ));
+  mi = _mm256_and_si256(idx, _mm256_castps_si256(hit));
+  return hit;
+}
+
+DM_AVX2 inline int lane_max(__m256i x) {
+  alignas(32) int b[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(b), x);
+  int m = 0;
+  for (int j = 0; j < 8; ++j) m = b[j] > m ? b[j] : m;
+  return m;
+}
+
+// The positions i0 + j of the lanes set in mask, appended to rest.
+inline void append_lanes(int mask, int i0, uint16_t* rest, int& rests) {
+  while (mask != 0) {
+    rest[rests++] = static_cast<uint16_t>(i0 + __builtin_ctz(mask));
+    mask &= mask - 1;
+  }
+}
+
 // log n!, n = 0 .. kMaxExactCount: the scalar path's log_factorial values.
 struct LogFactorials {
   float v[kMaxExactCount + 1];
@@ -97,47 +156,23 @@ DM_AVX2 int per_sample_block_avx2(const float* la, const float* n, int m, bool n
                                   PerSampleBlockSums& sums, uint16_t* rest) {
   static const LogFactorials log_fact;
   const __m256 zero = _mm256_setzero_ps(), one = _mm256_set1_ps(1.0f);
-  const __m256 two23 = _mm256_set1_ps(8388608.0f);
-  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   __m256d s_lo = _mm256_setzero_pd(), s_hi = s_lo, a_lo = s_lo, a_hi = s_lo, f_lo = s_lo,
           f_hi = s_lo;
   __m256i counts = _mm256_setzero_si256();
   __m256 finite = zero;  // sum of log_alpha * 0: NaN once one is not finite
   int rests = 0;
   for (int i0 = 0; i0 < m; i0 += 8) {
-    const int k = m - i0 < 8 ? m - i0 : 8;
-    const __m256i in_i = _mm256_cmpgt_epi32(_mm256_set1_epi32(k), lane);
-    const __m256 in = _mm256_castsi256_ps(in_i);
     // Lanes past m read 0 (a count 0: no term) and are masked out of A.
-    const __m256 x = k == 8 ? _mm256_loadu_ps(la + i0) : _mm256_maskload_ps(la + i0, in_i);
-    const __m256 c = k == 8 ? _mm256_loadu_ps(n + i0) : _mm256_maskload_ps(n + i0, in_i);
+    __m256 in;
+    const __m256 x = load_block(la, i0, m, in);
+    const __m256 c = load_block(n, i0, m, in);
     finite = _mm256_fmadd_ps(x, zero, finite);
-    __m256 a = exp8(x);
-    const int in_range = _mm256_movemask_ps(_mm256_and_ps(
-        _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_GE_OQ),
-        _mm256_cmp_ps(x, _mm256_set1_ps(88.0f), _CMP_LE_OQ)));
-    if (in_range != 0xff) {  // tiny, huge or not finite: as the scalar path
-      alignas(32) float ab[8], xb[8];
-      _mm256_store_ps(ab, a);
-      _mm256_store_ps(xb, x);
-      for (int j = 0; j < 8; ++j) {
-        if (!((in_range >> j) & 1)) ab[j] = dm_exp(xb[j]);
-      }
-      a = _mm256_load_ps(ab);
-    }
+    const __m256 a = exp8_checked(x);
     const __m256 a_in = _mm256_and_ps(a, in);
     a_lo = _mm256_add_pd(a_lo, low_pd(a_in));
     a_hi = _mm256_add_pd(a_hi, high_pd(a_in));
-    // The table test of the GPU kernels (table_index): c + 2^23 holds c in
-    // its low mantissa bits when c is an integer in [0, 2^23).
-    const __m256 t = _mm256_add_ps(c, two23);
-    const __m256i idx = _mm256_sub_epi32(_mm256_castps_si256(t), _mm256_set1_epi32(0x4B000000));
-    const __m256i idx_ok =
-        _mm256_and_si256(_mm256_cmpgt_epi32(idx, _mm256_set1_epi32(-1)),
-                         _mm256_cmpgt_epi32(_mm256_set1_epi32(kMaxExactCount + 1), idx));
-    const __m256 hit = _mm256_and_ps(
-        _mm256_castsi256_ps(idx_ok), _mm256_cmp_ps(_mm256_sub_ps(t, two23), c, _CMP_EQ_OQ));
-    const __m256i mi = _mm256_and_si256(idx, _mm256_castps_si256(hit));
+    __m256i mi;
+    const __m256 hit = table_counts(c, mi);
     const __m256 mf = _mm256_cvtepi32_ps(mi);
     // exact_factors: factors (a + k) below kStirlingMin, else (1 + k / a)
     // with n log a apart; the first factor is log a itself.
@@ -147,10 +182,7 @@ DM_AVX2 int per_sample_block_avx2(const float* la, const float* n, int m, bool n
     const __m256 lbase =
         _mm256_and_ps(_mm256_blendv_ps(_mm256_mul_ps(mf, x), x, small),
                       _mm256_cmp_ps(mf, zero, _CMP_NEQ_OQ));
-    alignas(32) int mb[8];
-    _mm256_store_si256(reinterpret_cast<__m256i*>(mb), mi);
-    int m_max = 0;
-    for (int j = 0; j < 8; ++j) m_max = mb[j] > m_max ? mb[j] : m_max;
+    const int m_max = lane_max(mi);
     __m256 p = one;
     for (int f = 1; f < m_max; ++f) {
       const __m256 kf = _mm256_set1_ps(static_cast<float>(f));
@@ -174,11 +206,7 @@ DM_AVX2 int per_sample_block_avx2(const float* la, const float* n, int m, bool n
       f_lo = _mm256_add_pd(f_lo, low_pd(lf));
       f_hi = _mm256_add_pd(f_hi, high_pd(lf));
     }
-    int others = _mm256_movemask_ps(_mm256_andnot_ps(keep, in));
-    while (others != 0) {
-      rest[rests++] = static_cast<uint16_t>(i0 + __builtin_ctz(others));
-      others &= others - 1;
-    }
+    append_lanes(_mm256_movemask_ps(_mm256_andnot_ps(keep, in)), i0, rest, rests);
   }
   sums.s += hsum(_mm256_add_pd(s_lo, s_hi));
   sums.A += hsum(_mm256_add_pd(a_lo, a_hi));
@@ -192,6 +220,68 @@ DM_AVX2 int per_sample_block_avx2(const float* la, const float* n, int m, bool n
   return rests;
 }
 
+DM_AVX2 int per_sample_grad_block_avx2(const float* la, const float* n, int m, double g, double d,
+                                       float* out, uint16_t* rest) {
+  const __m256 zero = _mm256_setzero_ps(), one = _mm256_set1_ps(1.0f);
+  const __m256d gv = _mm256_set1_pd(g), dv = _mm256_set1_pd(d);
+  int rests = 0;
+  for (int i0 = 0; i0 < m; i0 += 8) {
+    __m256 in;
+    const __m256 x = load_block(la, i0, m, in);
+    const __m256 c = load_block(n, i0, m, in);
+    const __m256 a = exp8_checked(x);
+    __m256i mi;
+    const __m256 hit = table_counts(c, mi);
+    const __m256 mf = _mm256_cvtepi32_ps(mi);
+    const __m256 small = _mm256_cmp_ps(a, _mm256_set1_ps(Tuning<float>::kStirlingMin), _CMP_LT_OQ);
+    const __m256 base = _mm256_blendv_ps(one, a, small);
+    const __m256 step = _mm256_blendv_ps(_mm256_div_ps(one, a), one, small);
+    // adpoch_exact's running products: q / p = sum_k 1 / (a + k), scaled.
+    const int m_max = lane_max(mi);
+    __m256 p = one, q = zero;
+    for (int f = 1; f < m_max; ++f) {
+      const __m256 kf = _mm256_set1_ps(static_cast<float>(f));
+      const __m256 t = _mm256_fmadd_ps(kf, step, base);
+      const __m256 use = _mm256_cmp_ps(kf, mf, _CMP_LT_OQ);
+      q = _mm256_blendv_ps(q, _mm256_fmadd_ps(q, t, p), use);
+      p = _mm256_blendv_ps(p, _mm256_mul_ps(p, t), use);
+    }
+    const __m256 ad = _mm256_and_ps(
+        _mm256_add_ps(one, _mm256_mul_ps(_mm256_blendv_ps(one, a, small), _mm256_div_ps(q, p))),
+        _mm256_cmp_ps(mf, zero, _CMP_NEQ_OQ));
+    // g (adpoch - a d) in double, as the scalar path.
+    const __m128 lo = _mm256_cvtpd_ps(
+        _mm256_mul_pd(gv, _mm256_fnmadd_pd(low_pd(a), dv, low_pd(ad))));
+    const __m128 hi = _mm256_cvtpd_ps(
+        _mm256_mul_pd(gv, _mm256_fnmadd_pd(high_pd(a), dv, high_pd(ad))));
+    const __m256 gr = _mm256_insertf128_ps(_mm256_castps128_ps256(lo), hi, 1);
+    _mm256_maskstore_ps(out + i0, _mm256_castps_si256(_mm256_and_ps(hit, in)), gr);
+    append_lanes(_mm256_movemask_ps(_mm256_andnot_ps(hit, in)), i0, rest, rests);
+  }
+  return rests;
+}
+
+DM_AVX2 double per_sample_alpha_sum_avx2(const float* la, int64_t m, bool& finite) {
+  const __m256 zero = _mm256_setzero_ps();
+  __m256d a_lo = _mm256_setzero_pd(), a_hi = a_lo;
+  __m256 fin = zero;
+  for (int64_t b0 = 0; b0 < m; b0 += kPerSampleBlock) {
+    const int k = static_cast<int>(m - b0 < kPerSampleBlock ? m - b0 : kPerSampleBlock);
+    for (int i0 = 0; i0 < k; i0 += 8) {
+      __m256 in;
+      const __m256 x = load_block(la + b0, i0, k, in);
+      fin = _mm256_fmadd_ps(x, zero, fin);
+      const __m256 a = _mm256_and_ps(exp8_checked(x), in);
+      a_lo = _mm256_add_pd(a_lo, low_pd(a));
+      a_hi = _mm256_add_pd(a_hi, high_pd(a));
+    }
+  }
+  alignas(32) float fb[8];
+  _mm256_store_ps(fb, fin);
+  for (int j = 0; j < 8; ++j) finite = finite && fb[j] == 0.0f;
+  return hsum(_mm256_add_pd(a_lo, a_hi));
+}
+
 #else  // not x86-64: the scalar path only
 
 bool per_sample_avx2_available() { return false; }
@@ -200,6 +290,13 @@ int per_sample_block_avx2(const float*, const float*, int, bool, PerSampleBlockS
                           uint16_t*) {
   return -1;
 }
+
+int per_sample_grad_block_avx2(const float*, const float*, int, double, double, float*,
+                               uint16_t*) {
+  return -1;
+}
+
+double per_sample_alpha_sum_avx2(const float*, int64_t, bool&) { return 0.0; }
 
 #endif
 

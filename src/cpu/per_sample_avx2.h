@@ -37,5 +37,17 @@ bool per_sample_avx2_available();
 int per_sample_block_avx2(const float* la, const float* n, int m, bool normalize,
                           PerSampleBlockSums& sums, uint16_t* rest);
 
+// The per-sample gradient with respect to log_alpha of one row's elements
+// [0, m) (m <= kPerSampleBlock): out[i] = g (adpoch(a_i, n_i) - a_i d) for
+// the counts that are integers 0..16 (d = dpoch(A, N) of the row). Writes
+// the positions of the others (off the table or bad; out[i] unwritten) to
+// rest and returns how many. Only when per_sample_avx2_available().
+int per_sample_grad_block_avx2(const float* la, const float* n, int m, double g, double d,
+                               float* out, uint16_t* rest);
+
+// The sum of exp(la[i]), i < m, in double; finite is cleared if a log_alpha
+// is not finite. Only when per_sample_avx2_available().
+double per_sample_alpha_sum_avx2(const float* la, int64_t m, bool& finite);
+
 }  // namespace cpu
 }  // namespace dirmult
