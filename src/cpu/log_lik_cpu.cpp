@@ -74,6 +74,12 @@ struct SharedAlpha {
     const int64_t V = static_cast<int64_t>(alpha.size());
     if (B < kTableMinRows) return {};
     std::vector<scalar_t> t(V * kTableWidth);
+    // log n! once, not a log of run.fact per entry: log_factorial's value is
+    // the log of the same products, so the entries are the same bits.
+    scalar_t log_fact[kTableWidth] = {};
+    if (log_poch && normalize) {
+      for (int n = 0; n < kTableWidth; ++n) log_fact[n] = log_factorial(static_cast<scalar_t>(n));
+    }
     torch::stable::parallel_for(0, V, 64, [&](int64_t v0, int64_t v1) {
       for (int64_t v = v0; v < v1; ++v) {
         scalar_t* entry = t.data() + v * kTableWidth;
@@ -81,7 +87,8 @@ struct SharedAlpha {
         entry[0] = scalar_t(0);
         for (int n = 1; n < kTableWidth; ++n) {
           entry[n] = exact_run_value(run, factors[v], alpha[v], log_alpha[v], n, log_poch,
-                                     normalize);
+                                     false) -
+                     log_fact[n];
           exact_run_step(factors[v], n, run);
         }
       }
