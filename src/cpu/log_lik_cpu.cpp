@@ -249,12 +249,6 @@ RowSums lnp_row_sums(const count_t* row, int64_t v0, int64_t v1,
   return r;
 }
 
-// One row piece of the per-sample float32 forward, eight counts at a time
-// (per_sample_avx2.h); the counts it leaves (off the table, bad, or
-// cancelling) take the scalar path below. Counts of other dtypes go in as
-// float where that is exact, else as NaN (left to the scalar path, which
-// reads the count itself). 4096x1024, counts 0..9, 2 cores: see
-// BENCHMARKS.md (CPU, eighth session).
 // Counts row[v .. v + m) as float for the per-sample AVX2 blocks: the row
 // itself for float counts, else a copy in buf where the conversion is
 // exact and NaN (left to the scalar path) where it is not.
@@ -273,6 +267,10 @@ const float* counts_as_float(const count_t* row, int64_t v, int m, float* buf) {
   }
 }
 
+// One row piece of the per-sample float32 forward, eight counts at a time
+// (per_sample_avx2.h); the counts it leaves (off the table, bad, or
+// cancelling) take the scalar path's steps here. BENCHMARKS.md (CPU, eighth
+// session) has the measurements.
 template <typename count_t>
 RowSums per_sample_sums_avx2(const count_t* row, const float* lrow, int64_t v0, int64_t v1,
                              bool normalize) {

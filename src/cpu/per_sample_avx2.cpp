@@ -27,7 +27,7 @@ namespace {
 
 #define DM_AVX2 __attribute__((target("avx2,fma")))
 
-// e^x for x in [-87, 88] (inputs outside are redone by std::exp): 2^k times
+// e^x for x in [-87, 88] (exp8_checked redoes the others by dm_exp): 2^k times
 // a degree-7 polynomial of the remainder, the Cody-Waite split of ln 2.
 // Measured against double exp over 32 M inputs: at most 1.26 ulp.
 DM_AVX2 inline __m256 exp8(__m256 x) {
