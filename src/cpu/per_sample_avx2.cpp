@@ -126,6 +126,19 @@ DM_AVX2 inline __m256 table_counts(__m256 c, __m256i& mi) {
   return hit;
 }
 
+// exact_factors for eight lanes: factors (a + k) below kStirlingMin, else
+// (1 + k / a) (n log a apart); small marks the first kind.
+struct Factors8 {
+  __m256 small, base, step;
+};
+
+DM_AVX2 inline Factors8 exact_factors8(__m256 a) {
+  const __m256 one = _mm256_set1_ps(1.0f);
+  const __m256 small = _mm256_cmp_ps(a, _mm256_set1_ps(Tuning<float>::kStirlingMin), _CMP_LT_OQ);
+  return {small, _mm256_blendv_ps(one, a, small),
+          _mm256_blendv_ps(_mm256_div_ps(one, a), one, small)};
+}
+
 DM_AVX2 inline int lane_max(__m256i x) {
   alignas(32) int b[8];
   _mm256_store_si256(reinterpret_cast<__m256i*>(b), x);
@@ -174,19 +187,16 @@ DM_AVX2 int per_sample_block_avx2(const float* la, const float* n, int m, bool n
     __m256i mi;
     const __m256 hit = table_counts(c, mi);
     const __m256 mf = _mm256_cvtepi32_ps(mi);
-    // exact_factors: factors (a + k) below kStirlingMin, else (1 + k / a)
-    // with n log a apart; the first factor is log a itself.
-    const __m256 small = _mm256_cmp_ps(a, _mm256_set1_ps(Tuning<float>::kStirlingMin), _CMP_LT_OQ);
-    const __m256 base = _mm256_blendv_ps(one, a, small);
-    const __m256 step = _mm256_blendv_ps(_mm256_div_ps(one, a), one, small);
+    // The first factor is log a itself (small), or n log a.
+    const Factors8 f8 = exact_factors8(a);
     const __m256 lbase =
-        _mm256_and_ps(_mm256_blendv_ps(_mm256_mul_ps(mf, x), x, small),
+        _mm256_and_ps(_mm256_blendv_ps(_mm256_mul_ps(mf, x), x, f8.small),
                       _mm256_cmp_ps(mf, zero, _CMP_NEQ_OQ));
     const int m_max = lane_max(mi);
     __m256 p = one;
     for (int f = 1; f < m_max; ++f) {
       const __m256 kf = _mm256_set1_ps(static_cast<float>(f));
-      const __m256 factor = _mm256_fmadd_ps(kf, step, base);
+      const __m256 factor = _mm256_fmadd_ps(kf, f8.step, f8.base);
       p = _mm256_blendv_ps(p, _mm256_mul_ps(p, factor), _mm256_cmp_ps(kf, mf, _CMP_LT_OQ));
     }
     const __m256 term = _mm256_add_ps(lbase, log8(p));
@@ -233,21 +243,19 @@ DM_AVX2 int per_sample_grad_block_avx2(const float* la, const float* n, int m, d
     __m256i mi;
     const __m256 hit = table_counts(c, mi);
     const __m256 mf = _mm256_cvtepi32_ps(mi);
-    const __m256 small = _mm256_cmp_ps(a, _mm256_set1_ps(Tuning<float>::kStirlingMin), _CMP_LT_OQ);
-    const __m256 base = _mm256_blendv_ps(one, a, small);
-    const __m256 step = _mm256_blendv_ps(_mm256_div_ps(one, a), one, small);
+    const Factors8 f8 = exact_factors8(a);
     // adpoch_exact's running products: q / p = sum_k 1 / (a + k), scaled.
     const int m_max = lane_max(mi);
     __m256 p = one, q = zero;
     for (int f = 1; f < m_max; ++f) {
       const __m256 kf = _mm256_set1_ps(static_cast<float>(f));
-      const __m256 t = _mm256_fmadd_ps(kf, step, base);
+      const __m256 t = _mm256_fmadd_ps(kf, f8.step, f8.base);
       const __m256 use = _mm256_cmp_ps(kf, mf, _CMP_LT_OQ);
       q = _mm256_blendv_ps(q, _mm256_fmadd_ps(q, t, p), use);
       p = _mm256_blendv_ps(p, _mm256_mul_ps(p, t), use);
     }
     const __m256 ad = _mm256_and_ps(
-        _mm256_add_ps(one, _mm256_mul_ps(_mm256_blendv_ps(one, a, small), _mm256_div_ps(q, p))),
+        _mm256_add_ps(one, _mm256_mul_ps(_mm256_blendv_ps(one, a, f8.small), _mm256_div_ps(q, p))),
         _mm256_cmp_ps(mf, zero, _CMP_NEQ_OQ));
     // g (adpoch - a d) in double, as the scalar path.
     const __m128 lo = _mm256_cvtpd_ps(
