@@ -292,7 +292,14 @@ RowSums per_sample_sums_avx2(const count_t* row, const float* lrow, int64_t v0, 
         continue;
       }
       r.N += static_cast<double>(row[u]);
-      r.s += lnpoch(dm_exp(lrow[u]), lrow[u], c);
+      if (c >= 2.0f && c <= kMaxExactCount && c == std::floor(c) && lrow[u] < 0.0f) {
+        // A table count the blocks left: its term cancels (the float64 value
+        // that lnpoch would take after the float32 one).
+        r.s += static_cast<float>(
+            lnpoch_exact_refined(static_cast<double>(lrow[u]), static_cast<int>(c)));
+      } else {
+        r.s += lnpoch(dm_exp(lrow[u]), lrow[u], c);
+      }
       if (normalize) r.s -= log_factorial(c);
     }
   }
