@@ -6,6 +6,7 @@ by calling the loader function directly with monkeypatched module state (no
 module reload, nothing is loaded).
 """
 import os
+import platform
 import re
 
 import pytest
@@ -18,7 +19,7 @@ from dirmult_ext import _ops
 def test_build_info_fields():
     info = dirmult_ext.build_info()
     for key in ("version", "torch_target_version", "cuda_version", "cuda_architectures",
-                "torch", "torch_cuda", "cuda_kernels_loaded", "torch_target"):
+                "torch", "torch_cuda", "cuda_kernels_loaded", "torch_target", "cpu_simd"):
         assert key in info, key
     assert info["version"] == dirmult_ext.__version__
     assert info["torch"] == torch.__version__
@@ -97,3 +98,19 @@ def test_cuda_major_match_loads(fake_cuda_lib, monkeypatch):
     monkeypatch.setitem(_ops.BUILD_INFO, "cuda_version", "13.0")
     assert _ops._load_cuda_kernels() is True
     assert fake_cuda_lib == [str(_ops._HERE / "_C_cuda.so")]
+
+
+def test_cpu_simd_matches_the_cpu():
+    # The per-sample CPU kernels take their AVX2 path exactly where the CPU
+    # has AVX2 and FMA (x86-64; the flags as Linux reports them).
+    info = dirmult_ext.build_info()
+    assert info["cpu_simd"] in ("avx2", "none")
+    if platform.machine() not in ("x86_64", "AMD64"):
+        assert info["cpu_simd"] == "none"
+        return
+    if not os.path.exists("/proc/cpuinfo"):
+        pytest.skip("no /proc/cpuinfo to read the CPU's flags from")
+    with open("/proc/cpuinfo") as f:
+        flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    expected = "avx2" if {"avx2", "fma"} <= set(flags) else "none"
+    assert info["cpu_simd"] == expected
