@@ -379,25 +379,22 @@ RowSums row_count_sums(const count_t* counts, const scalar_t* la, bool shared, i
                        int64_t V, int64_t v0, int64_t v1) {
   const count_t* row = counts + b * V;
   RowSums r;
-  if constexpr (std::is_same_v<scalar_t, float>) {
-    if (!shared && cpu::per_sample_avx2_available()) {
-      for (int64_t v = v0; v < v1; ++v) {
-        const scalar_t n = static_cast<scalar_t>(row[v]);
-        r.ok = r.ok && (n == scalar_t(0) || is_valid_count(n));
-        r.N += static_cast<double>(row[v]);
-      }
-      r.A = cpu::per_sample_alpha_sum_avx2(la + b * V + v0, v1 - v0, r.ok);
-      return r;
-    }
-  }
   for (int64_t v = v0; v < v1; ++v) {
     const scalar_t n = static_cast<scalar_t>(row[v]);
     r.ok = r.ok && (n == scalar_t(0) || is_valid_count(n));
     r.N += static_cast<double>(row[v]);
-    if (!shared) {
-      r.ok = r.ok && is_finite(la[b * V + v]);
-      r.A += static_cast<double>(dm_exp(la[b * V + v]));
+  }
+  if (shared) return r;
+  const scalar_t* lrow = la + b * V;
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    if (cpu::per_sample_avx2_available()) {
+      r.A = cpu::per_sample_alpha_sum_avx2(lrow + v0, v1 - v0, r.ok);
+      return r;
     }
+  }
+  for (int64_t v = v0; v < v1; ++v) {
+    r.ok = r.ok && is_finite(lrow[v]);
+    r.A += static_cast<double>(dm_exp(lrow[v]));
   }
   return r;
 }
