@@ -103,6 +103,17 @@ __device__ __forceinline__ T warp_allsum(T x) {
   return x;
 }
 
+// The inclusive prefix sum of x over the warp's lanes (Hillis-Steele over
+// shuffles); warp-uniform call.
+__device__ __forceinline__ int warp_inclusive_scan(int x, int lane) {
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int y = __shfl_up_sync(0xffffffffu, x, o);
+    if (lane >= o) x += y;
+  }
+  return x;
+}
+
 // One level of warp_reduce_scatter: lanes exchange half of their S * 2
 // values with the lane S away, keeping the half that their bit S selects.
 // A template per level, so that every loop has a constant trip count and

@@ -161,7 +161,7 @@ __global__ void __launch_bounds__(kRowWarps * 32)
     if (load % kGroup == kGroup - 1 || v0 + 128 >= v_end) {
       N += static_cast<double>(table_N);
       table_N = 0;
-      const int64_t group_v = v - 128 * (load % kGroup);  // this lane's first
+      const int64_t warp_v = v0 - 128 * (load % kGroup);  // the group's first column
       auto take = [&](int64_t vv) {
         const float x = static_cast<float>(row[vv]), l = lrow[vv];
         int m;
@@ -181,12 +181,7 @@ __global__ void __launch_bounds__(kRowWarps * 32)
       // marks would keep the warp for as many rounds as the lane with the
       // most.
       const int mine = __popc(slow);
-      int end = mine;  // inclusive prefix sum over the lanes
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const int y = __shfl_up_sync(0xffffffffu, end, o);
-        if (lane >= o) end += y;
-      }
+      const int end = warp_inclusive_scan(mine, lane);
       const int total = __shfl_sync(0xffffffffu, end, 31);
       uint16_t* q = queue[threadIdx.x >> 5];
       const int group_off = 4 * lane;
@@ -197,7 +192,6 @@ __global__ void __launch_bounds__(kRowWarps * 32)
         q[i] = static_cast<uint16_t>(group_off + 128 * (e >> 2) + (e & 3));
       }
       __syncwarp();
-      const int64_t warp_v = group_v - 4 * lane;
 #pragma unroll 1
       for (int i = lane; i < total; i += 32) take(warp_v + q[i]);
       __syncwarp();  // the queue is reused by the next group

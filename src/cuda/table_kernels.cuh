@@ -184,12 +184,7 @@ __device__ __forceinline__ void refine_queued(const Writer& w, float la, unsigne
                                               uint16_t* queue) {
   const int lane = threadIdx.x & 31;
   const int mine = __popc(redo);
-  int end = mine;  // inclusive prefix sum over the lanes
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const int y = __shfl_up_sync(0xffffffffu, end, o);
-    if (lane >= o) end += y;
-  }
+  const int end = warp_inclusive_scan(mine, lane);
   const int total = __shfl_sync(0xffffffffu, end, 31);
   if (total == 0) return;
   for (int i = end - mine; redo != 0; ++i) {
