@@ -35,10 +35,10 @@ def case(B, V, dtype=torch.float32, shared=True, counts_grad=False, K=None, weig
     torch.testing.assert_close(out.detach().cpu(), ref, rtol=1e-5, atol=1e-3)
 
 
-def forward_case(B, V):
+def forward_case(B, V, dtype=torch.float32):
     """The forward alone (no gradient wanted: the forward kernels, not the
     single pass)."""
-    counts = torch.randint(0, 12, (B, V), device="cuda").float()
+    counts = torch.randint(0, 12, (B, V), device="cuda").to(dtype)
     counts[0, 0] = 20.5  # off the table
     la = torch.randn(V, device="cuda")
     with torch.no_grad():
@@ -65,8 +65,9 @@ if __name__ == "__main__":
     case(52001, 37)                 # two rows per warp (single pass)
     forward_case(52001, 37)         # forward table kernel, two rows per warp
     forward_case(52001, 8)          # ring forward (short rows: zero-filled copies)
-    forward_case(40, 210000)        # wide: two rows per warp over many chunks; fill a thread
-                                    # per column, refinements queued per warp
+    forward_case(40, 210000)        # wide: blocks fill their own table slices (refinements
+                                    # queued per warp), one row in flight per warp
+    forward_case(36, 210001, torch.int64)  # the same, 8-byte counts, scalar loads
     case(5, 301)                    # scalar loads (V % 4 != 0)
     case(3, 9000)                   # split rows
     case(20, 64, torch.uint8)

@@ -226,12 +226,13 @@ def test_ring_forward_matches_float64(shape):
 # Wide rows: the table is filled a thread per column (more than 4096
 # columns) and the float64 refinements of its cancelling entries are queued
 # per warp (prep_and_table_kernel): log_alpha mostly in the cancellation band
-# (a < 1) with every count 0..16, some a >= 8 (scaled factors). Few rows over
-# many chunks take the forward table kernel with two rows in flight where
-# its grid is the one-row kernel's (pick_table_forward: 24x210001 on an
-# H200). A ragged last chunk, counts off the table, a bad row; the single
-# pass's two tables (lnpoch, alpha dpoch) through the gradient.
-@pytest.mark.parametrize("shape", [(24, 210001), (40, 9000)])
+# (a < 1) with every count 0..16, some a >= 8 (scaled factors). 40x210001:
+# the forward's blocks fill their own table slices (fill_table_in_block: one
+# block per chunk), the same entries and refinements; 24 rows are below the
+# table paths' minimum (the math path). A ragged last chunk, counts off the
+# table, a bad row; the single pass's two tables (lnpoch, alpha dpoch)
+# through the gradient.
+@pytest.mark.parametrize("shape", [(24, 210001), (40, 210001), (40, 9000)])
 def test_wide_table_fill_matches_float64(shape):
     B, V = shape
     counts = torch.randint(0, 17, (B, V)).float() * (torch.rand(B, V) > 0.3)
@@ -255,6 +256,33 @@ def test_wide_table_fill_matches_float64(shape):
     g_ref, = torch.autograd.grad(log_lik_float64(counts, la64).sum(), la64)
     _, cols = magnitudes(counts, la)
     assert ((g.double().cpu() - g_ref).abs() / cols.clamp_min(1.0)).max() < 1e-5
+
+
+# The forward whose blocks fill their own table slices (few rows over more
+# chunks than the GPU holds blocks: fill_table_in_block) for every count
+# dtype: 8-byte counts take two pieces per chunk, 1-byte and unaligned rows
+# scalar loads; counts off the table and a bad count, normalized or not.
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64, torch.uint8])
+@pytest.mark.parametrize("V", [210000, 210001])
+def test_in_block_table_fill_forward_matches_float64(dtype, V):
+    B = 36
+    counts = torch.randint(0, 12, (B, V)).float() * (torch.rand(B, V) > 0.5)
+    counts[0, 3] = 23.0
+    counts[B - 1, V - 1] = 200.0
+    counts = counts.to(dtype)
+    la = torch.empty(V).uniform_(-3.0, 2.0)
+    for normalize in (False, True):
+        out = dirmult_ext.log_lik(counts.cuda(), la.cuda(), normalize=normalize).cpu()
+        ref = log_lik_float64(counts, la, normalize)
+        rows, _ = magnitudes(counts, la, normalize)
+        assert ((out.double() - ref).abs() / rows.clamp_min(1.0)).max() < 2e-6
+    if dtype != torch.uint8:  # the raw op: a bad count makes its row NaN
+        bad = counts.clone()
+        bad[5, V // 2] = -1
+        nan = torch.isnan(torch.ops.dirmult.log_lik(bad.cuda(), la.cuda(), False)).cpu()
+        assert nan[5] and int(nan.sum()) == 1
+    la[V - 2] = float("inf")  # A is not finite: every row NaN
+    assert torch.isnan(torch.ops.dirmult.log_lik(counts.cuda(), la.cuda(), False)).all()
 
 
 # Components whose K * V table columns (more than 4096: a thread per column)

@@ -90,6 +90,7 @@ template <typename scalar_t>
 __global__ void __launch_bounds__(kPrepThreads)
     alpha_prep_kernel(const scalar_t* __restrict__ log_alpha, int64_t V,
                       ColumnAlpha<scalar_t>* __restrict__ cols, double* __restrict__ Apart) {
+  allow_dependent_launch();  // a dependent that fills its own table starts now
   prep_alpha_slice(log_alpha, V, blockIdx.y, blockIdx.x, gridDim.x, cols, Apart);
 }
 

@@ -93,15 +93,19 @@ TableForward pick_table_forward(int64_t B, int64_t num_chunks, bool aligned) {
   // bytes in flight per warp (wide 64x262144 57.7 -> 52.0 us, 40x210000
   // 43.8 -> 40.4). One where the one-row kernel's grid has more blocks (its
   // block takes fewer resources: 128x131072 46.1 vs 47.6 us; mid). 8-byte
-  // counts: one (registers). Where every warp has many rows, float32 aligned
-  // counts, and the chunks spread evenly over the SMs (a block per SM): the
-  // ring kernel (tall 77.3 -> 71.6 us per call; sparse's 16 chunks leave 4
-  // of 132 SMs idle: 293.4 vs 291.7).
+  // counts: one (registers). Float32 aligned counts take the ring kernel (a
+  // block per SM) where its grid is one wave, and where every warp has many
+  // rows only if the chunks spread evenly over the SMs: tall 77.3 -> 71.6 us
+  // per call; sparse's 16 chunks leave 4 of 132 SMs idle (293.4 vs 291.7).
+  // GPU time per call (CUDA graph) of ring vs two-row or one-row kernels:
+  // mid 8192x1024 16.8 vs 20.9 us, 128x131072 36.9 vs 42.2, 256x65536 33.2
+  // vs 37.9; in two waves 64x262144 45.5 vs 45.4 (now
+  // launch_forward_table_fill's).
   const int64_t one_row_wave =
       one_wave_blocks<forward_table_kernel<count_t, 1>>(kRowWarps * 32, kTableSmemBytes);
   const bool many_rows = B * num_chunks >= kMinRowsPerWarpForTwo * kRowWarps * one_row_wave;
-  if (std::is_same_v<count_t, float> && many_rows && aligned &&
-      num_sms() % num_chunks == 0 &&
+  if (std::is_same_v<count_t, float> && aligned &&
+      (many_rows ? num_sms() % num_chunks == 0 : num_chunks <= num_sms()) &&
       cached_device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>() >=
           static_cast<int>(kRingSmemBytes)) {
     return TableForward::kRing;
@@ -116,10 +120,60 @@ TableForward pick_table_forward(int64_t B, int64_t num_chunks, bool aligned) {
   return TableForward::kOneRow;
 }
 
+// Whether the forward's table is filled by the count kernel's blocks
+// (launch_forward_table_fill): where its grid has one block per chunk (a
+// group of rows: few rows, many chunks), so that each slice of a global
+// table would be written once and read once, after a fill that every block
+// waits for. GPU time per call (CUDA graph), against the global table's
+// best kernel: 64x262144 43.1 vs 45.4 us, 40x210000 34.1 vs 34.9,
+// 32x1048576 107.6 vs 113.6, 32x262144 32.9 vs 36.0. With two groups or
+// more each chunk's fill would be repeated: 128x131072 53.6 vs 36.9.
+template <typename count_t>
+bool fill_table_in_block(int64_t B, int64_t num_chunks) {
+  const int64_t wave =
+      one_wave_blocks<forward_table_kernel<count_t, 1>>(kRowWarps * 32, kTableSmemBytes);
+  return num_chunks > 1 && table_row_groups(B, num_chunks, kRowWarps, wave) == 1;
+}
+
+// The table forward for fill_table_in_block: each block fills its own slice
+// of the table (forward_table_kernel<..., kFill>) while its first row loads,
+// as a dependent of alpha_prep_kernel (cols and Apart, needed only for rare
+// counts and the finish), instead of after prep_and_table_kernel's global
+// table.
+template <typename count_t>
+void launch_forward_table_fill(const Tensor& counts, const Tensor& log_alpha, int64_t B,
+                               int64_t V, bool normalize, float* out, cudaStream_t stream) {
+  const int64_t num_chunks = ceil_div(V, kTableChunk);
+  const auto* n = static_cast<const count_t*>(counts.const_data_ptr());
+  const bool aligned = V % 4 == 0 && is_aligned<count_t>(n);
+  ScratchLayout layout;
+  const int64_t alpha_at = layout.add(prepared_alpha_bytes<float>(1, V));
+  const int64_t partial_at = layout.add(B * num_chunks * static_cast<int64_t>(sizeof(RowPartial)));
+  const Tensor ws = workspace(counts, layout.size());
+  const PreparedAlpha<float> pa =
+      prepare_alpha<float>(log_alpha, 1, V, ScratchLayout::at<char>(ws, alpha_at), stream);
+  RowPartial* partial = ScratchLayout::at<RowPartial>(ws, partial_at);
+  const RowOut o{num_chunks, normalize, out, partial};
+  const auto* la = static_cast<const float*>(log_alpha.const_data_ptr());
+  // One row in flight per warp: two (the other kernels' choice at these
+  // shapes) spilled registers around the fill and took 3-7 us longer.
+  constexpr auto kKernel = forward_table_kernel<count_t, 1, true>;
+  allow_table_smem<kKernel>(kRowWarps * 32);
+  launch_dependent(kKernel, dim3(static_cast<unsigned>(num_chunks)), dim3(kRowWarps * 32),
+                   kTableSmemBytes, stream, n, static_cast<const float*>(nullptr), la, pa.cols,
+                   pa.Apart, pa.nblk, B, V, aligned, o);
+  launch_finish_rows<float>(partial, pa.Apart, pa.nblk, B, 1, num_chunks, false, normalize, out,
+                            stream);
+}
+
 template <typename count_t>
 void launch_forward_table(const Tensor& counts, const Tensor& log_alpha, int64_t B, int64_t V,
                           bool normalize, float* out, cudaStream_t stream) {
   const int64_t num_chunks = ceil_div(V, kTableChunk);
+  if (fill_table_in_block<count_t>(B, num_chunks)) {
+    launch_forward_table_fill<count_t>(counts, log_alpha, B, V, normalize, out, stream);
+    return;
+  }
   const auto* n = static_cast<const count_t*>(counts.const_data_ptr());
   const bool aligned = V % 4 == 0 && is_aligned<count_t>(n);
   const TableForward kind = pick_table_forward<count_t>(B, num_chunks, aligned);
@@ -143,8 +197,8 @@ void launch_forward_table(const Tensor& counts, const Tensor& log_alpha, int64_t
   auto launch_rows = [&](auto kernel) {
     constexpr auto kKernel = decltype(kernel)::value;
     launch_dependent(kKernel, grid(kernel, kRowWarps, kTableSmemBytes), dim3(kRowWarps * 32),
-                     kTableSmemBytes, stream, n, table, pa.cols, pa.Apart, pa.nblk, B, V, aligned,
-                     o);
+                     kTableSmemBytes, stream, n, table, static_cast<const float*>(nullptr),
+                     pa.cols, pa.Apart, pa.nblk, B, V, aligned, o);
   };
   using std::integral_constant;
   switch (kind) {

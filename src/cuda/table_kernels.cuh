@@ -204,6 +204,24 @@ __device__ __forceinline__ void refine_queued(const Writer& w, float la, unsigne
   }
 }
 
+// Entries 0 .. kTableWidth - 1 of one column of log_alpha la through w,
+// unrolled so that n is a constant in each step (a rolled loop made the wide
+// two-table fill 17.7 -> 23.7 us). Returns the entries left for
+// refine_queued (bit n).
+template <typename Writer>
+__device__ __forceinline__ unsigned fill_table_column(const Writer& w, float la) {
+  const float a = dm_exp(la);
+  const ExactFactors<float> f = exact_factors(a);
+  ExactRun<float> run;  // after factors 1 .. n - 1 for entry n
+  unsigned redo = 0;
+#pragma unroll
+  for (int n = 0; n < kTableWidth; ++n) {
+    if (w.store(run, f, a, la, n)) redo |= 1u << n;
+    if (n > 0) exact_run_step(f, n, run);
+  }
+  return redo;
+}
+
 // One launch for both: blocks [0, K nblk) prepare alpha (prep_alpha_slice),
 // the rest fill the table of the K * V columns (table_fill_per_entry): lnpoch
 // (minus log n! when normalized) or alpha dpoch, from the exact path's
@@ -249,31 +267,26 @@ __global__ void __launch_bounds__(kPrepThreads)
   if constexpr (kKind == TableKind::kBoth) w.dst2 = w.dst + padded_columns * kTableWidth;
   const bool padding = column >= K * V;  // read as count 0 only
   const float la = live && !padding ? log_alpha[column] : 0.0f;
-  const float a = dm_exp(la);
-  const ExactFactors<float> f = exact_factors(a);
-  ExactRun<float> run;  // after factors 1 .. n - 1 for entry n
   if (per_entry) {
     // A warp's entries share n: its refinements diverge only between lanes.
     if (!live) return;
     if (padding) return w.zero(n_entry);
+    const float a = dm_exp(la);
+    const ExactFactors<float> f = exact_factors(a);
+    ExactRun<float> run;  // after factors 1 .. n_entry - 1
 #pragma unroll 1
     for (int k = 1; k < n_entry; ++k) exact_run_step(f, k, run);
     if (w.store(run, f, a, la, n_entry)) w.refine(w.dst, la, n_entry);
     return;
   }
-  // A thread per column: unrolled, so that n is a constant in each step (a
-  // rolled loop made the wide two-table fill 17.7 -> 23.7 us).
+  // A thread per column.
   unsigned redo = 0;  // bit n: entry n left for refine_queued
   if (live) {
     if (padding) {
 #pragma unroll
       for (int n = 0; n < kTableWidth; ++n) w.zero(n);
     } else {
-#pragma unroll
-      for (int n = 0; n < kTableWidth; ++n) {
-        if (w.store(run, f, a, la, n)) redo |= 1u << n;
-        if (n > 0) exact_run_step(f, n, run);
-      }
+      redo = fill_table_column(w, la);
     }
   }
   __shared__ uint16_t queue[kPrepThreads / 32][32 * kTableWidth];
@@ -352,6 +365,52 @@ __device__ __forceinline__ void stage_table_slice(float* __restrict__ tab,
                                                   const float* __restrict__ table, int64_t c) {
   issue_table_slice(tab, table, c);
   __pipeline_wait_prior(0);
+  __syncthreads();
+}
+
+// Chunk c's table slice, filled by the calling block itself from log_alpha
+// (the same entries, bit for bit, as prep_and_table_kernel's kChunkSlots
+// fill: the same code per column) into tab, kTableChunk / kThreads columns
+// per thread; returns after a __syncthreads. For kernels whose grid has one
+// block per chunk: there the global table would be filled once and read
+// once, and its fill serialized before every block's count stream.
+template <int kThreads>
+__device__ __forceinline__ void fill_table_slice(float* __restrict__ tab,
+                                                 const float* __restrict__ log_alpha, int64_t V,
+                                                 int64_t c, bool normalize) {
+  static_assert(kTableChunk % kThreads == 0 && kThreads % 32 == 0, "warp-uniform columns");
+  __shared__ float log_fact[kTableWidth];
+  __shared__ uint16_t queue[kThreads / 32][32 * kTableWidth];
+  if (normalize && threadIdx.x < kTableWidth) {
+    log_fact[threadIdx.x] = log_factorial(static_cast<float>(threadIdx.x));
+  }
+  __syncthreads();
+  using Writer = TableEntryWriter<TableKind::kLogPoch, TableLayout::kChunkSlots>;
+  // Slot p holds column (p % (kTableChunk / 4)) * 4 + p / (kTableChunk / 4)
+  // of the chunk (table_slot(v, 0) = p).
+  auto column = [&](int p) {
+    return c * kTableChunk + (p % (kTableChunk / 4)) * 4 + p / (kTableChunk / 4);
+  };
+  auto load = [&](int p) {
+    const int64_t v = column(p);
+    return v < V ? log_alpha[v] : 0.0f;
+  };
+  float la_next = load(threadIdx.x);  // the next column's load in flight
+#pragma unroll 1
+  for (int p = threadIdx.x; p < kTableChunk; p += kThreads) {
+    const float la = la_next;
+    if (p + kThreads < kTableChunk) la_next = load(p + kThreads);
+    const Writer w{tab + p, nullptr, normalize, log_fact};
+    unsigned redo = 0;
+    if (column(p) < V) {
+      redo = fill_table_column(w, la);
+    } else {
+#pragma unroll
+      for (int n = 0; n < kTableWidth; ++n) w.zero(n);
+    }
+    refine_queued(w, la, redo, queue[threadIdx.x >> 5]);
+    __syncwarp();  // the queue is reused by the next column
+  }
   __syncthreads();
 }
 
@@ -526,9 +585,15 @@ __device__ __forceinline__ void add_rare_terms(unsigned rare, const count_t* __r
 // launch overlaps the table's preparation. (Prefetching the first rows to L2
 // before the wait was measured slower: tall 81.5 us with 4 rows per warp,
 // 80.6 with 2, 79.5 with none.)
-template <typename count_t, int kRows>
-__global__ void __launch_bounds__(kRowWarps * 32, kRows == 1 ? 3 : 2)
+//
+// kFill: the block fills its table slice itself from log_alpha
+// (fill_table_slice; `table` is unused) while its first rows' loads are in
+// flight, and the kernel waits for the prior grid (alpha_prep_kernel: cols
+// and Apart) only after that, so the fill overlaps both.
+template <typename count_t, int kRows, bool kFill = false>
+__global__ void __launch_bounds__(kRowWarps * 32, kRows == 1 && !kFill ? 3 : 2)
     forward_table_kernel(const count_t* __restrict__ counts, const float* __restrict__ table,
+                         const float* __restrict__ log_alpha,
                          const ColumnAlpha<float>* __restrict__ cols,
                          const double* __restrict__ Apart, int nblk_alpha, int64_t B, int64_t V,
                          bool aligned, const RowOut o) {
@@ -547,8 +612,17 @@ __global__ void __launch_bounds__(kRowWarps * 32, kRows == 1 ? 3 : 2)
   const int pieces = (len + 128 * kUnroll - 1) / (128 * kUnroll);
   int64_t b0 = static_cast<int64_t>(blockIdx.y) * kRowWarps + warp;
   int piece = 0;
-  wait_for_prior_grid();
-  stage_table_slice(tab, table, c);  // columns past V read as count 0: entry 0 (= 0)
+  float4 n[kRows][kUnroll];
+  // Columns past V read as count 0: entry 0 (= 0).
+  if constexpr (kFill) {
+    load_table_batch<count_t, kRows, kUnroll>(counts, b0, stride, B, V, v0, 4 * lane, len,
+                                              aligned, n);
+    fill_table_slice<kRowWarps * 32>(tab, log_alpha, V, c, normalize);
+    wait_for_prior_grid();
+  } else {
+    wait_for_prior_grid();
+    stage_table_slice(tab, table, c);
+  }
   const double A = alpha_total(Apart, 0, nblk_alpha);
   TableRowWriter writer;
   double s[kRows], rare_N[kRows], norm[kRows];
@@ -558,8 +632,10 @@ __global__ void __launch_bounds__(kRowWarps * 32, kRows == 1 ? 3 : 2)
   for (int r = 0; r < kRows; ++r) s[r] = rare_N[r] = norm[r] = 0.0, table_N[r] = 0, ok[r] = true;
   while (b0 < B) {
     const int base = piece * (128 * kUnroll) + 4 * lane;
-    float4 n[kRows][kUnroll];
-    load_table_batch<count_t, kRows, kUnroll>(counts, b0, stride, B, V, v0, base, len, aligned, n);
+    if constexpr (!kFill) {  // (kFill: loaded after the previous step)
+      load_table_batch<count_t, kRows, kUnroll>(counts, b0, stride, B, V, v0, base, len, aligned,
+                                                n);
+    }
     const float* tq = tab + (base >> 2);
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
@@ -576,6 +652,13 @@ __global__ void __launch_bounds__(kRowWarps * 32, kRows == 1 ? 3 : 2)
       }
       piece = 0;
       b0 += kRows * stride;
+    }
+    if constexpr (kFill) {
+      if (b0 < B) {
+        load_table_batch<count_t, kRows, kUnroll>(counts, b0, stride, B, V, v0,
+                                                  piece * (128 * kUnroll) + 4 * lane, len,
+                                                  aligned, n);
+      }
     }
   }
   writer.flush(o, A);
