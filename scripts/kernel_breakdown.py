@@ -1,12 +1,15 @@
 """Where a call's time goes, on CUDA: for each benchmark shape, the GPU time
 of every kernel of a forward and of a forward+backward (torch.profiler, 20
-calls, per-call means), their sum, and the host time per call (20 calls
-back to back without a synchronize, over 20).
+calls, per-call means), their sum, the GPU time per call with no host in
+the way (20 calls captured in a CUDA graph, the graph replayed 11 times,
+median; the launch gaps between a call's kernels included, which the
+kernel sum leaves out), and the host time per call (20 calls back to back
+without a synchronize, over 20).
 
     python scripts/kernel_breakdown.py [--shapes seed mid tall wide sparse]
 
-The sum of a call's kernels against the benchmark's queued time says whether
-the call is GPU-bound (they agree) or host-bound (the host time is larger).
+The graph time against the benchmark's queued time says whether the call
+is GPU-bound (they agree) or host-bound (the host time is larger).
 """
 import argparse
 import time
@@ -29,6 +32,36 @@ def host_us(fn):
     t1 = time.perf_counter()
     torch.cuda.synchronize()
     return (t1 - t0) / CALLS * 1e6
+
+
+def graph_us(fn):
+    """GPU time per call of fn, replayed from a CUDA graph (None where the
+    call cannot be captured)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):  # warm-up off the capture stream, as capture needs
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            for _ in range(CALLS):
+                fn()
+    except RuntimeError as e:
+        print(f"    (not captured: {str(e).splitlines()[0][:100]})")
+        return None
+    graph.replay()
+    times = []
+    for _ in range(11):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / CALLS)
+    del graph
+    return sorted(times)[len(times) // 2]
 
 
 def kernels(fn):
@@ -63,9 +96,11 @@ def main():
                 fn()
             per = kernels(fn)
             h = host_us(fn)
+            gr = graph_us(fn)
             total = sum(per.values())
+            gpu = "n/a" if gr is None else f"{gr:.1f} us"
             print(f"{shape.name} {shape.B}x{shape.V} {name}: kernels {total:.1f} us, "
-                  f"host {h:.1f} us per call")
+                  f"GPU (graph) {gpu}, host {h:.1f} us per call")
             for k, us in sorted(per.items(), key=lambda kv: -kv[1]):
                 print(f"    {us:8.1f}  {k}")
         del counts
