@@ -1,9 +1,11 @@
-"""Smoke tests of ``dirmult-ext bench`` (dirmult_ext.bench) on the CPU."""
+"""Smoke tests of ``dirmult-ext bench`` (dirmult_ext.bench) on the CPU, and its graph timing on CUDA."""
 import json
 import math
 
 import pytest
+import torch
 
+import dirmult_ext
 from dirmult_ext import bench
 
 SHAPES = ["seed", "mid", "tall", "wide", "sparse"]
@@ -115,12 +117,29 @@ def test_rotation_defeats_a_cache_of_the_given_size():
     assert len({many().data_ptr() for _ in range(200)}) == 64  # at most 64 copies
 
 
-@pytest.mark.parametrize("timing", ["queued", "synced"])
+@pytest.mark.parametrize("timing", ["queued", "synced", "graph"])
 def test_bench_timing_option(timing):
     out = json.loads(_run_json(["--quick", "--device", "cpu", "--no-compile", "--quiet",
                                 "--shapes", "seed", "--timing", timing]))
     assert out["timer"]["mode"] == "cpu"  # the CUDA modes; the CPU times each call
     assert _positive_finite(out["shapes"][0]["times"]["ext_fwd"]["median_us"])
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not (torch.cuda.is_available() and dirmult_ext.CUDA_KERNELS),
+                    reason="needs CUDA and the dirmult CUDA kernels")
+def test_bench_graph_timing_on_cuda():
+    # Every case captured and replayed (ext, eager, the small-problem peers):
+    # a call that cannot be captured (a host synchronization) would fail it.
+    out = json.loads(_run_json(["--quick", "--device", "cuda", "--no-compile", "--quiet",
+                                "--shapes", "seed", "mid", "--timing", "graph"]))
+    assert out["timer"]["mode"] == "graph" and not out["failed"]
+    for row in out["shapes"]:
+        for key in ("ext_fwd", "ext_fwdbwd", "eager_fwd", "eager_fwdbwd"):
+            assert _positive_finite(row["times"][key]["median_us"]), (row["name"], key)
+    with pytest.raises(ValueError, match="timing"):
+        bench.Timer(torch.device("cuda"), warmup=1, min_reps=1, max_reps=1, min_time=0.0,
+                    timing="async")
 
 
 def _run_json(args):

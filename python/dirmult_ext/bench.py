@@ -32,7 +32,10 @@ as in a training loop (and triton.testing.do_bench), so a call's time is its
 GPU time where the GPU is the bottleneck and its host time (Python, dispatch,
 launches, the autograd engine) where the host is; --timing synced adds a
 synchronize after every call (the latency of one isolated call: host + GPU +
-launch latency). Counts that fit in L2 are rotated among copies. On CPU,
+launch latency); --timing graph replays the calls from a CUDA graph (the GPU
+time per call with no host in the way: what the kernels take, below what an
+eager call costs where the host is the bottleneck). Counts that fit in L2
+are rotated among copies. On CPU,
 time.perf_counter around each call; the torch thread count is left as it is.
 
 Data is fresh each run (a torch.Generator seeded from the clock; the seed is
@@ -160,6 +163,13 @@ class Timer:
     CUDA, ``synced``: a synchronize after every call, so a call's time is its
     host time plus its GPU time plus the launch latency: the latency of one
     isolated call.
+    CUDA, ``graph``: ``GRAPH_CALLS`` calls captured in a CUDA graph (after
+    warm-up on a side stream, as capture needs) and the graph replayed, one
+    sample per replay (its time over ``GRAPH_CALLS``): the GPU time per call
+    with no host in the way, the gaps between a call's kernels included.
+    Where the host is the bottleneck this is less than an eager call costs;
+    it shows what the kernels take. A function that cannot be captured
+    raises.
     CPU: ``time.perf_counter`` around each call.
 
     Caches: bench_case rotates among copies of the counts (``rotation``), so
@@ -167,18 +177,24 @@ class Timer:
     """
 
     ROUND = 20
+    # Calls per graph: the rotation's largest number of copies, so that a
+    # replay reads every copy.
+    GRAPH_CALLS = 64
 
     def __init__(self, device: torch.device, *, warmup: int, min_reps: int, max_reps: int,
-                 min_time: float, queued: bool = True):
+                 min_time: float, timing: str = "queued"):
+        if timing not in ("queued", "synced", "graph"):
+            raise ValueError(f"timing must be 'queued', 'synced' or 'graph', got {timing!r}")
         self.device = device
         self.cuda = device.type == "cuda"
-        self.queued = self.cuda and queued
+        self.timing = timing if self.cuda else "cpu"
+        self.queued = self.timing == "queued"
         self.warmup, self.min_reps, self.max_reps, self.min_time = warmup, min_reps, max_reps, min_time
         self._events: List[torch.cuda.Event] = []
 
     @property
     def mode(self) -> str:
-        return "cpu" if not self.cuda else ("queued" if self.queued else "synced")
+        return self.timing
 
     def sync(self) -> None:
         if self.cuda:
@@ -230,10 +246,50 @@ class Timer:
     def __call__(self, fn: Callable[[], object]) -> Dict[str, float]:
         return self.paired({"fn": fn})["fn"]
 
+    def _capture(self, fn: Callable[[], object]) -> "torch.cuda.CUDAGraph":
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(max(self.warmup, 3)):
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(self.GRAPH_CALLS):
+                fn()
+        graph.replay()  # the first replay uploads the graph: not timed
+        self.sync()
+        return graph
+
+    def _paired_graphs(self, fns: Dict[str, Callable[[], object]]) -> Dict[str, Dict[str, float]]:
+        graphs = {name: self._capture(fn) for name, fn in fns.items()}
+        ev = self._event_pairs(len(graphs))
+        times: Dict[str, List[float]] = {name: [] for name in graphs}
+        t_begin, calls = time.perf_counter(), 0
+        while True:
+            for k, g in enumerate(graphs.values()):
+                ev[2 * k].record()
+                g.replay()
+                ev[2 * k + 1].record()
+            self.sync()
+            for k, name in enumerate(graphs):
+                ms = ev[2 * k].elapsed_time(ev[2 * k + 1])
+                times[name].append(ms * 1e3 / self.GRAPH_CALLS)
+            calls += self.GRAPH_CALLS
+            if calls >= self.max_reps or (
+                    calls >= self.min_reps
+                    and time.perf_counter() - t_begin >= self.min_time * len(fns)):
+                break
+        del graphs
+        return {name: self._summary(t) for name, t in times.items()}
+
     def paired(self, fns: Dict[str, Callable[[], object]]) -> Dict[str, Dict[str, float]]:
         """Times several functions with their calls interleaved (one call of
-        each per step, in turn), so that all of them see the same host and
-        GPU conditions: their ratios do not drift with the machine's state."""
+        each per step, in turn; with graph timing, one replay of each), so
+        that all of them see the same host and GPU conditions: their ratios
+        do not drift with the machine's state."""
+        if self.timing == "graph":
+            return self._paired_graphs(fns)
         for fn in fns.values():
             for _ in range(self.warmup):
                 fn()
@@ -580,6 +636,11 @@ def report(result: dict, markdown: bool) -> str:
         out.append(f"{b}timing: synced (CUDA events around each call and a synchronize after "
                    "it: host + GPU time + launch latency); counts rotated among copies that "
                    "do not fit in L2 together")
+    elif result["timer"].get("mode") == "graph":
+        out.append(f"{b}timing: graph ({Timer.GRAPH_CALLS} calls captured in a CUDA graph, "
+                   "the graph replayed: GPU time per call with no host in the way, less than "
+                   "an eager call costs where the host is the bottleneck); counts rotated "
+                   "among copies that do not fit in L2 together")
     out.append("")
     out.append(render_table(MAIN_HEADER, main_table_rows(result["shapes"]), markdown))
     for f in result["failed"]:
@@ -687,10 +748,12 @@ def main(argv: Optional[List[str]] = None) -> int:
                    help="shape for --components (default 65536x1024 on CUDA, 4096x1024 on CPU)")
     p.add_argument("--quick", action="store_true", help="tiny shapes, few repetitions (smoke run)")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile peer")
-    p.add_argument("--timing", choices=("queued", "synced"), default="queued",
+    p.add_argument("--timing", choices=("queued", "synced", "graph"), default="queued",
                    help="CUDA: 'queued' (default): events around each call, no synchronize "
                         "between calls (the steady state of a training loop); 'synced': a "
-                        "synchronize after each call (the latency of an isolated call)")
+                        "synchronize after each call (the latency of an isolated call); "
+                        "'graph': calls replayed from a CUDA graph (GPU time per call, no "
+                        "host in the way)")
     p.add_argument("--min-time", type=float, default=None,
                    help="seconds of timed calls per measurement (default 0.2 CUDA, 0.25 CPU)")
     p.add_argument("--seed", type=int, default=None, help="data seed (default: from the clock)")
@@ -742,7 +805,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         timer_kw = dict(warmup=1, min_reps=5, max_reps=1000, min_time=0.25)
     if args.min_time is not None:
         timer_kw["min_time"] = args.min_time
-    timer = Timer(device, **timer_kw, queued=args.timing == "queued")
+    timer = Timer(device, **timer_kw, timing=args.timing)
     timer_kw["mode"] = timer.mode
 
     seed = args.seed if args.seed is not None else time.time_ns() % (2**31 - 1)
