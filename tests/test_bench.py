@@ -134,6 +134,7 @@ def test_bench_graph_timing_on_cuda():
     out = json.loads(_run_json(["--quick", "--device", "cuda", "--no-compile", "--quiet",
                                 "--shapes", "seed", "mid", "--timing", "graph"]))
     assert out["timer"]["mode"] == "graph" and not out["failed"]
+    assert out["copy"]["timing"] == "queued"  # the floor: the eager copy kernel's bandwidth
     for row in out["shapes"]:
         for key in ("ext_fwd", "ext_fwdbwd", "eager_fwd", "eager_fwdbwd"):
             assert _positive_finite(row["times"][key]["median_us"]), (row["name"], key)

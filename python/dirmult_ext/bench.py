@@ -344,10 +344,17 @@ def copy_bandwidth(device: torch.device, timer: Timer, quick: bool) -> dict:
         nbytes = min(nbytes, 32 << 20)
     src = torch.ones(nbytes // F32, device=device, dtype=torch.float32)
     dst = torch.zeros_like(src)  # touched, so the CPU copy does not time page faults
+    if timer.mode == "graph":
+        # Captured in a CUDA graph, the copy is a memcpy node, which ran at
+        # 2773 GB/s on the H200 against 4289 for eager copies (queued): the
+        # floor is the eager copy's bandwidth, so it is timed queued.
+        timer = Timer(device, warmup=timer.warmup, min_reps=timer.min_reps,
+                      max_reps=timer.max_reps, min_time=timer.min_time, timing="queued")
     res = timer(lambda: dst.copy_(src))
     moved = 2 * nbytes
     return {"bytes_copied": nbytes, "bytes_moved": moved, "median_us": res["median_us"],
-            "reps": res["reps"], "bytes_per_s": moved / (res["median_us"] * 1e-6)}
+            "reps": res["reps"], "bytes_per_s": moved / (res["median_us"] * 1e-6),
+            "timing": timer.mode}
 
 
 # --------------------------------------------------------------------- compiling
@@ -685,7 +692,9 @@ def report(result: dict, markdown: bool) -> str:
     else:
         out.append(f"{b}small problem: n/a (shape seed not run)")
     out.append("")
-    out.append(f"{b}targets (issue 3), on {env['device']}:")
+    graph_note = (" GPU time per call (graph timing); the targets are per eager call, "
+                  "queued timing" if result["timer"].get("mode") == "graph" else "")
+    out.append(f"{b}targets (issue 3), on {env['device']}:{graph_note}")
     for tg in result["targets"]:
         if tg["met"] is None:
             status = f"n/a ({tg['missing']})"
