@@ -90,6 +90,9 @@ if has bench; then
   # isolated call; the timing of the sessions before the queued default).
   run_stage bench "bench synced" "$PY" -m dirmult_ext.bench --timing synced --no-compile \
     --markdown --quiet
+  # And replayed from CUDA graphs: the GPU time per call, no host in the way.
+  run_stage bench "bench graph" "$PY" -m dirmult_ext.bench --timing graph --no-compile \
+    --markdown --quiet
 fi
 if has profile && command -v ncu >/dev/null; then
   run_stage profile "ncu" timeout 300 ncu --clock-control none \
