@@ -1,10 +1,10 @@
 """Where a call's time goes, on CUDA: for each benchmark shape, the GPU time
 of every kernel of a forward and of a forward+backward (torch.profiler, 20
 calls, per-call means), their sum, the GPU time per call with no host in
-the way (20 calls captured in a CUDA graph, the graph replayed 11 times,
-median; the launch gaps between a call's kernels included, which the
-kernel sum leaves out), and the host time per call (20 calls back to back
-without a synchronize, over 20).
+the way (the benchmark's graph timing: 64 calls captured in a CUDA graph,
+the graph replayed 11 times, median; the launch gaps between a call's
+kernels included, which the kernel sum leaves out), and the host time per
+call (20 calls back to back without a synchronize, over 20).
 
     python scripts/kernel_breakdown.py [--shapes seed mid tall wide sparse]
 
@@ -19,7 +19,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import dirmult_ext
-from dirmult_ext.bench import CUDA_SHAPES, make_counts, make_log_alpha
+from dirmult_ext.bench import CUDA_SHAPES, Timer, make_counts, make_log_alpha
 
 CALLS = 20
 
@@ -35,33 +35,17 @@ def host_us(fn):
 
 
 def graph_us(fn):
-    """GPU time per call of fn, replayed from a CUDA graph (None where the
-    call cannot be captured)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):  # warm-up off the capture stream, as capture needs
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
+    """GPU time per call of fn replayed from a CUDA graph (the benchmark's
+    graph timing: Timer.GRAPH_CALLS calls per graph, 11 replays, median);
+    None where the call cannot be captured."""
+    timer = Timer(torch.device("cuda", torch.cuda.current_device()), warmup=3,
+                  min_reps=11 * Timer.GRAPH_CALLS, max_reps=11 * Timer.GRAPH_CALLS,
+                  min_time=0.0, timing="graph")
     try:
-        with torch.cuda.graph(graph):
-            for _ in range(CALLS):
-                fn()
+        return timer(fn)["median_us"]
     except RuntimeError as e:
         print(f"    (not captured: {str(e).splitlines()[0][:100]})")
         return None
-    graph.replay()
-    times = []
-    for _ in range(11):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / CALLS)
-    del graph
-    return sorted(times)[len(times) // 2]
 
 
 def kernels(fn):
