@@ -65,9 +65,12 @@ if __name__ == "__main__":
     case(52001, 37)                 # two rows per warp (single pass)
     forward_case(52001, 37)         # forward table kernel, two rows per warp
     forward_case(52001, 8)          # ring forward (short rows: zero-filled copies)
-    forward_case(40, 210000)        # wide: blocks fill their own table slices (refinements
-                                    # queued per warp), one row in flight per warp
-    forward_case(36, 210001, torch.int64)  # the same, 8-byte counts, scalar loads
+    forward_case(40, 210000)        # wide: a persistent block per SM fills its chunks' table
+                                    # slices (refinements queued per warp), rows through rings,
+                                    # alpha's partial totals in the same launch
+    forward_case(33, 300000)        # the same, 2-3 chunks per block
+    forward_case(36, 210001, torch.int64)  # a block per chunk fills its own slice, one row
+                                    # in flight per warp (8-byte counts, scalar loads)
     case(5, 301)                    # scalar loads (V % 4 != 0)
     case(3, 9000)                   # split rows
     case(20, 64, torch.uint8)

@@ -285,6 +285,29 @@ def test_in_block_table_fill_forward_matches_float64(dtype, V):
     assert torch.isnan(torch.ops.dirmult.log_lik(counts.cuda(), la.cuda(), False)).all()
 
 
+# The one-launch forward of few aligned float32 rows over many chunks
+# (forward_table_fill_ring_kernel): a persistent block per SM fills its next
+# chunk's table slice between its rows of the current one, into the other of
+# two slice buffers. 300 rows: 18-19 rows per warp, the fill spread over
+# them; 33 rows over 586 chunks: blocks take 4-5 chunks (both buffers in
+# turn), warps 1 to 3 rows. log_alpha in the cancellation band and off it,
+# counts off the table (the columns made from log_alpha), normalized or not.
+@pytest.mark.parametrize("shape", [(300, 210000), (33, 600000)])
+def test_fill_ring_forward_matches_float64(shape):
+    B, V = shape
+    counts = torch.randint(0, 17, (B, V)).float() * (torch.rand(B, V) > 0.4)
+    counts[0, 3] = 23.0
+    counts[B - 1, V - 1] = 0.5
+    counts[B // 2, V // 2] = 1000.0
+    la = torch.empty(V).uniform_(-2.5, 3.0)
+    for normalize in (False, True):
+        with torch.no_grad():
+            out = dirmult_ext.log_lik(counts.cuda(), la.cuda(), normalize=normalize).cpu()
+        ref = log_lik_float64(counts, la, normalize)
+        rows, _ = magnitudes(counts, la, normalize)
+        assert ((out.double() - ref).abs() / rows.clamp_min(1.0)).max() < 2e-6
+
+
 # Components whose K * V table columns (more than 4096: a thread per column)
 # leave the fill's last warp partly past the table: those lanes stay for the
 # warp's queued refinements.

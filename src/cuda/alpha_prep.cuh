@@ -32,57 +32,88 @@ inline int prep_blocks(int64_t V) {
       std::min<int64_t>(kMaxPrepBlocks, std::max<int64_t>(1, ceil_div(V, kPrepColumnsPerBlock))));
 }
 
-// Block `blk` of `nblk` of component k: cols for its slice of the columns,
-// and Apart[k * nblk + blk] = the sum of alpha over the slice, NaN if any
-// log_alpha in it is not finite. Every thread of the block must call it.
-template <typename scalar_t>
-__device__ __forceinline__ void prep_alpha_slice(const scalar_t* __restrict__ log_alpha, int64_t V,
-                                                 int k, int blk, int nblk,
-                                                 ColumnAlpha<scalar_t>* __restrict__ cols,
-                                                 double* __restrict__ Apart) {
+// The prepared state of one column from its log-concentration: every kernel
+// that needs it takes it from here (the same bits wherever it is made).
+template <typename T>
+__device__ __forceinline__ ColumnAlpha<T> column_alpha(T la) {
+  const T a = dm_exp(la);
+  const ExactFactors<T> f = exact_factors(a);
+  return {a, la, f.base, f.step};
+}
+
+// Slice `blk` of `nblk` of component k by the calling thread's group of
+// kPrepThreads threads (threads [g kPrepThreads, (g + 1) kPrepThreads) of
+// a block of kGroups groups): cols for its columns (kCols), and Apart[k * nblk + blk] = the
+// sum of alpha over the slice, NaN if any log_alpha in it is not finite.
+// Every thread of the block must call it (it syncs the block); a group
+// with !active does nothing else. The sum's order depends on the group's
+// size only, so A is the same bits whichever kernel computes it. Callers
+// that call it again sync the block between calls (the warp totals are
+// reused).
+template <typename scalar_t, bool kCols, int kGroups>
+__device__ __forceinline__ void prep_alpha_slice_group(const scalar_t* __restrict__ log_alpha,
+                                                       int64_t V, int k, int blk, int nblk,
+                                                       ColumnAlpha<scalar_t>* __restrict__ cols,
+                                                       double* __restrict__ Apart, bool active) {
+  static_assert(kGroups >= 1 && kGroups * kPrepThreads <= 1024, "groups of one block");
+  constexpr int kWarps = kPrepThreads / 32;
+  const int group = kGroups == 1 ? 0 : threadIdx.x / kPrepThreads;
+  const int t = kGroups == 1 ? threadIdx.x : threadIdx.x % kPrepThreads;
   const int64_t slice = ceil_div(V, nblk);
-  const int64_t v0 = blk * slice, v1 = min(V, v0 + slice);
+  const int64_t v0 = blk * slice, v1 = active ? min(V, v0 + slice) : v0;
   double total = 0.0;
   bool finite = true;
   auto take = [&](int64_t v, scalar_t la) {
-    const scalar_t a = dm_exp(la);
-    const ExactFactors<scalar_t> f = exact_factors(a);
-    cols[k * V + v] = {a, la, f.base, f.step};
-    total += static_cast<double>(a);
+    const ColumnAlpha<scalar_t> col = column_alpha(la);
+    if constexpr (kCols) cols[k * V + v] = col;
+    total += static_cast<double>(col.a);
     finite = finite && is_finite(la);
   };
   // kLoads loads in flight before they are used (the same order of the
   // sum): a slice of V / 32 columns is many loads per thread for large V
   // (32x1048576 forward 142 -> 127 us).
   constexpr int kLoads = 8;
-  int64_t v = v0 + threadIdx.x;
-  for (; v + (kLoads - 1) * static_cast<int64_t>(blockDim.x) < v1; v += kLoads * blockDim.x) {
+  // kPrepThreads, read at run time: with the constant, ptxas spilled (the
+  // same code, 40 registers and 8 bytes of stack instead of 48 registers).
+  const unsigned stride = blockDim.x / kGroups;
+  int64_t v = v0 + t;
+  for (; v + (kLoads - 1) * static_cast<int64_t>(stride) < v1; v += kLoads * stride) {
     scalar_t la[kLoads];
 #pragma unroll
-    for (int u = 0; u < kLoads; ++u) la[u] = log_alpha[k * V + v + u * blockDim.x];
+    for (int u = 0; u < kLoads; ++u) la[u] = log_alpha[k * V + v + u * stride];
 #pragma unroll
-    for (int u = 0; u < kLoads; ++u) take(v + u * blockDim.x, la[u]);
+    for (int u = 0; u < kLoads; ++u) take(v + u * stride, la[u]);
   }
-  for (; v < v1; v += blockDim.x) take(v, log_alpha[k * V + v]);
-  __shared__ double warp_totals[kPrepThreads / 32];
-  __shared__ int warp_finite[kPrepThreads / 32];
+  for (; v < v1; v += stride) take(v, log_alpha[k * V + v]);
+  __shared__ double warp_totals[kGroups][kWarps];
+  __shared__ int warp_finite[kGroups][kWarps];
   total = warp_sum(total);
   const int all_finite = __all_sync(0xffffffffu, finite);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31, warp = t >> 5;
   if (lane == 0) {
-    warp_totals[warp] = total;
-    warp_finite[warp] = all_finite;
+    warp_totals[group][warp] = total;
+    warp_finite[group][warp] = all_finite;
   }
   __syncthreads();
-  if (threadIdx.x == 0) {
+  if (active && t == 0) {
     double s = 0.0;
     bool ok = true;
-    for (int w = 0; w < kPrepThreads / 32; ++w) {
-      s += warp_totals[w];
-      ok = ok && warp_finite[w];
+    for (int w = 0; w < kWarps; ++w) {
+      s += warp_totals[group][w];
+      ok = ok && warp_finite[group][w];
     }
     Apart[k * nblk + blk] = ok ? s : NAN;
   }
+}
+
+// Block `blk` of `nblk` of component k, in a block of kPrepThreads threads:
+// cols for its slice of the columns and its partial total (above).
+template <typename scalar_t>
+__device__ __forceinline__ void prep_alpha_slice(const scalar_t* __restrict__ log_alpha, int64_t V,
+                                                 int k, int blk, int nblk,
+                                                 ColumnAlpha<scalar_t>* __restrict__ cols,
+                                                 double* __restrict__ Apart) {
+  prep_alpha_slice_group<scalar_t, true, 1>(log_alpha, V, k, blk, nblk, cols, Apart, true);
 }
 
 // grid (prep_blocks(V), K): prep_alpha_slice for every block.

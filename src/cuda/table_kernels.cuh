@@ -368,12 +368,38 @@ __device__ __forceinline__ void stage_table_slice(float* __restrict__ tab,
   __syncthreads();
 }
 
+// The column of its chunk whose entries slot p of a kChunkSlots slice holds:
+// (p % (kTableChunk / 4)) * 4 + p / (kTableChunk / 4) (table_slot(v, 0) = p).
+__device__ __forceinline__ int slice_column(int p) {
+  return (p % (kTableChunk / 4)) * 4 + p / (kTableChunk / 4);
+}
+
+// The entries of slot p of a slice tab (in shared memory) from la, the
+// log_alpha of its column (in: the column is inside V; else zeros), the
+// same code per column as prep_and_table_kernel's kChunkSlots fill (so the
+// same entries, bit for bit); log_fact: log_factorial(0 .. kMaxExactCount)
+// when normalize, queue: the warp's refinement queue. Warp-uniform call.
+__device__ __forceinline__ void fill_slice_slot(float* __restrict__ tab, int p, float la, bool in,
+                                                bool normalize, const float* log_fact,
+                                                uint16_t* queue) {
+  using Writer = TableEntryWriter<TableKind::kLogPoch, TableLayout::kChunkSlots>;
+  const Writer w{tab + p, nullptr, normalize, log_fact};
+  unsigned redo = 0;
+  if (in) {
+    redo = fill_table_column(w, la);
+  } else {
+#pragma unroll
+    for (int n = 0; n < kTableWidth; ++n) w.zero(n);
+  }
+  refine_queued(w, la, redo, queue);
+  __syncwarp();  // the queue is reused by the next slot
+}
+
 // Chunk c's table slice, filled by the calling block itself from log_alpha
-// (the same entries, bit for bit, as prep_and_table_kernel's kChunkSlots
-// fill: the same code per column) into tab, kTableChunk / kThreads columns
-// per thread; returns after a __syncthreads. For kernels whose grid has one
-// block per chunk: there the global table would be filled once and read
-// once, and its fill serialized before every block's count stream.
+// into tab, kTableChunk / kThreads slots per thread (fill_slice_slot);
+// returns after a __syncthreads. For kernels whose grid has one block per
+// chunk: there the global table would be filled once and read once, and
+// its fill serialized before every block's count stream.
 template <int kThreads>
 __device__ __forceinline__ void fill_table_slice(float* __restrict__ tab,
                                                  const float* __restrict__ log_alpha, int64_t V,
@@ -385,14 +411,8 @@ __device__ __forceinline__ void fill_table_slice(float* __restrict__ tab,
     log_fact[threadIdx.x] = log_factorial(static_cast<float>(threadIdx.x));
   }
   __syncthreads();
-  using Writer = TableEntryWriter<TableKind::kLogPoch, TableLayout::kChunkSlots>;
-  // Slot p holds column (p % (kTableChunk / 4)) * 4 + p / (kTableChunk / 4)
-  // of the chunk (table_slot(v, 0) = p).
-  auto column = [&](int p) {
-    return c * kTableChunk + (p % (kTableChunk / 4)) * 4 + p / (kTableChunk / 4);
-  };
   auto load = [&](int p) {
-    const int64_t v = column(p);
+    const int64_t v = c * kTableChunk + slice_column(p);
     return v < V ? log_alpha[v] : 0.0f;
   };
   float la_next = load(threadIdx.x);  // the next column's load in flight
@@ -400,16 +420,8 @@ __device__ __forceinline__ void fill_table_slice(float* __restrict__ tab,
   for (int p = threadIdx.x; p < kTableChunk; p += kThreads) {
     const float la = la_next;
     if (p + kThreads < kTableChunk) la_next = load(p + kThreads);
-    const Writer w{tab + p, nullptr, normalize, log_fact};
-    unsigned redo = 0;
-    if (column(p) < V) {
-      redo = fill_table_column(w, la);
-    } else {
-#pragma unroll
-      for (int n = 0; n < kTableWidth; ++n) w.zero(n);
-    }
-    refine_queued(w, la, redo, queue[threadIdx.x >> 5]);
-    __syncwarp();  // the queue is reused by the next column
+    fill_slice_slot(tab, p, la, c * kTableChunk + slice_column(p) < V, normalize, log_fact,
+                    queue[threadIdx.x >> 5]);
   }
   __syncthreads();
 }
@@ -447,7 +459,7 @@ __device__ __forceinline__ int table_slot(int v, int n) {
 // each call rather than kept in the writer: read from the constant bank
 // where needed, they hold no registers in the hot loops.
 struct RowOut {
-  int64_t num_chunks;  // the chunk is blockIdx.x
+  int64_t num_chunks;
   bool normalize;
   float* __restrict__ out;
   RowPartial* __restrict__ partial;
@@ -460,8 +472,9 @@ struct TableRowWriter {
 
   // s: the lane's lnpoch sum; table_N its table counts (exact integers),
   // rare_N and norm its off-table counts and -log n! terms; ok: no bad count.
-  __device__ __forceinline__ void add(const RowOut& o, double A, int64_t b, bool valid, double s,
-                                      int table_N, double rare_N, double norm, bool ok) {
+  // c: the chunk (with several, the partial's column).
+  __device__ __forceinline__ void add(const RowOut& o, double A, int64_t b, int64_t c, bool valid,
+                                      double s, int table_N, double rare_N, double norm, bool ok) {
     const int lane = threadIdx.x & 31;
     s = warp_allsum(s);
     double N = static_cast<double>(__reduce_add_sync(0xffffffffu, table_N));
@@ -472,7 +485,7 @@ struct TableRowWriter {
     if (!__all_sync(0xffffffffu, ok)) s = NAN;
     if (!valid) return;
     if (o.num_chunks > 1) {
-      if (lane == 0) o.partial[b * o.num_chunks + blockIdx.x] = {s, N, norm, 0.0};
+      if (lane == 0) o.partial[b * o.num_chunks + c] = {s, N, norm, 0.0};
       return;
     }
     if ((i & 31) == lane) my_b = b, my_s = s, my_N = N, my_norm = norm;
@@ -541,15 +554,25 @@ __device__ __forceinline__ unsigned add_table_terms(const float4 (&n)[kUnroll],
   return rare;
 }
 
+// The prepared columns of a chunk made where they are needed, from log_alpha
+// (at the chunk's first column), for kernels that do not wait for
+// alpha_prep_kernel's: the same bits (column_alpha).
+struct ColumnsFromLogAlpha {
+  const float* __restrict__ log_alpha;
+  __device__ __forceinline__ ColumnAlpha<float> operator[](int v) const {
+    return column_alpha(log_alpha[v]);
+  }
+};
+
 // Non-integer, large or bad counts (add_table_terms's marks; row and cols at
-// the chunk's first column) take the math path: one copy of it, out of the
-// unrolled loop, so that the hot loop's code stays small (a copy per
-// unrolled element overflowed the instruction cache).
-template <typename count_t>
+// the chunk's first column: prepared columns, or ColumnsFromLogAlpha) take
+// the math path: one copy of it, out of the unrolled loop, so that the hot
+// loop's code stays small (a copy per unrolled element overflowed the
+// instruction cache).
+template <typename count_t, typename Columns>
 __device__ __forceinline__ void add_rare_terms(unsigned rare, const count_t* __restrict__ row,
-                                               int base, const ColumnAlpha<float>* __restrict__ cols,
-                                               bool normalize, double& s, double& rare_N,
-                                               double& norm, bool& ok) {
+                                               int base, const Columns cols, bool normalize,
+                                               double& s, double& rare_N, double& norm, bool& ok) {
 #pragma unroll 1
   while (rare != 0) {
     const int e = __ffs(static_cast<int>(rare)) - 1;
@@ -647,7 +670,7 @@ __global__ void __launch_bounds__(kRowWarps * 32, kRows == 1 && !kFill ? 3 : 2)
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
         const int64_t b = b0 + r * stride;
-        writer.add(o, A, b, b < B, s[r], table_N[r], rare_N[r], norm[r], ok[r]);
+        writer.add(o, A, b, c, b < B, s[r], table_N[r], rare_N[r], norm[r], ok[r]);
         s[r] = rare_N[r] = norm[r] = 0.0, table_N[r] = 0, ok[r] = true;
       }
       piece = 0;
@@ -678,6 +701,31 @@ constexpr int kRingWarps = 16;
 constexpr int kRingSlots = 2;
 constexpr size_t kRingSmemBytes =
     kTableSmemBytes + static_cast<size_t>(kRingWarps) * kRingSlots * kTableChunk * sizeof(float);
+// The static shared memory of forward_table_fill_ring_kernel: its fill's
+// queues and log n!, its alpha slices' warp totals.
+constexpr size_t kRingFillStaticBytes =
+    kRingWarps * 32 * kTableWidth * sizeof(uint16_t) + kTableWidth * sizeof(float) +
+    2 * (kPrepThreads / 32) * (sizeof(double) + sizeof(int));
+constexpr int kRingSlotVectors = kTableChunk / 4;  // 16-byte vectors per slot: a row's chunk
+
+// Starts the calling lane's 16-byte copies of a row's chunk (row: its first
+// column, len columns, 16-byte aligned; V % 4 == 0, so whole vectors) into
+// a ring slot: vectors lane + 32 u, those past len zero-filled. One commit
+// group per call, an empty one for a null row, so that a lane's groups in
+// flight always count the same rows.
+__device__ __forceinline__ void issue_ring_row(float4* __restrict__ slot,
+                                               const float* __restrict__ row, int len, int lane) {
+  if (row != nullptr) {
+    const float4* src = reinterpret_cast<const float4*>(row);
+#pragma unroll
+    for (int u = 0; u < kTableUnroll; ++u) {
+      const int q = lane + 32 * u;
+      const bool in = 4 * q < len;
+      __pipeline_memcpy_async(slot + q, in ? src + q : src, sizeof(float4), in ? 0 : sizeof(float4));
+    }
+  }
+  __pipeline_commit();
+}
 
 // (A template, instantiated for float counts only, so that this header can
 // define it in every .cu file that includes it.)
@@ -689,7 +737,6 @@ __global__ void __launch_bounds__(kRingWarps * 32, 1)
                               int64_t V, const RowOut o) {
   static_assert(std::is_same_v<count_t, float>, "16-byte copies of float32 counts");
   constexpr int kUnroll = kTableUnroll;
-  constexpr int kSlotVectors = kTableChunk / 4;
   extern __shared__ float4 ring_smem[];  // the table slice, then the warps' rings
   float* tab = reinterpret_cast<float*>(ring_smem);
   const int lane = threadIdx.x & 31;
@@ -698,24 +745,10 @@ __global__ void __launch_bounds__(kRingWarps * 32, 1)
   const int64_t v0 = c * kTableChunk;
   const int len = static_cast<int>(min(V - v0, static_cast<int64_t>(kTableChunk)));
   const int64_t stride = static_cast<int64_t>(gridDim.y) * kRingWarps;  // between a warp's rows
-  float4* ring = ring_smem + kChunkFloats / 4 + warp * kRingSlots * kSlotVectors;
-  // Row b's columns into the ring's slot: lane's vectors lane + 32 u (V % 4
-  // == 0, so whole vectors; those past len are zero-filled). One commit
-  // group per call, rows past B an empty one, so that the groups in flight
-  // always count kRingSlots - 1 rows.
+  float4* ring = ring_smem + kChunkFloats / 4 + warp * kRingSlots * kRingSlotVectors;
+  // Rows past B: an empty group (issue_ring_row).
   auto fill = [&](int64_t b, int slot) {
-    if (b < B) {
-      const float4* src = reinterpret_cast<const float4*>(counts + b * V + v0);
-      float4* dst = ring + slot * kSlotVectors;
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int q = lane + 32 * u;
-        const bool in = 4 * q < len;
-        __pipeline_memcpy_async(dst + q, in ? src + q : src, sizeof(float4),
-                                in ? 0 : sizeof(float4));
-      }
-    }
-    __pipeline_commit();
+    issue_ring_row(ring + slot * kRingSlotVectors, b < B ? counts + b * V + v0 : nullptr, len, lane);
   };
   int64_t b = static_cast<int64_t>(blockIdx.y) * kRingWarps + warp;
   wait_for_prior_grid();
@@ -734,7 +767,7 @@ __global__ void __launch_bounds__(kRingWarps * 32, 1)
     __pipeline_wait_prior(kRingSlots - 1);  // row b, the oldest group in flight, is in
     float4 n[kUnroll];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) n[u] = ring[slot * kSlotVectors + lane + 32 * u];
+    for (int u = 0; u < kUnroll; ++u) n[u] = ring[slot * kRingSlotVectors + lane + 32 * u];
     double s = 0.0, rare_N = 0.0, norm = 0.0;
     int table_N = 0;
     bool ok = true;
@@ -742,9 +775,91 @@ __global__ void __launch_bounds__(kRingWarps * 32, 1)
     fill(b + kRingSlots * stride, slot);  // the slot is read: its next row
     add_rare_terms(rare, counts + b * V + v0, 4 * lane, cols + v0, o.normalize, s, rare_N, norm,
                    ok);
-    writer.add(o, A, b, true, s, table_N, rare_N, norm, ok);
+    writer.add(o, A, b, c, true, s, table_N, rare_N, norm, ok);
   }
   writer.flush(o, A);
+}
+
+// The forward for fill_table_in_block (few rows over more chunks than the
+// GPU holds blocks) with float32 counts in 16-byte aligned rows, in one
+// launch with nothing to wait for: a persistent block of kRingWarps warps
+// per SM takes chunks blockIdx.x, + gridDim.x, ...; for each it fills the
+// chunk's table slice itself (fill_table_slice) and streams the chunk's rows
+// through its warps' rings as forward_table_ring_kernel does. A warp's rows
+// (warp + kRingWarps r) of all its chunks are one sequence of ring items, so
+// that the first rows of its next chunk are in flight across that chunk's
+// fill. Rare counts take their columns from log_alpha
+// (ColumnsFromLogAlpha), and the last blocks (the first to run out of chunks
+// where the chunks do not spread evenly) then compute the partial totals of
+// alpha (Apart, nblk of them, two slices at once) for finish_rows_kernel, so
+// that no alpha_prep_kernel runs before: its 32 blocks held 32 SMs'
+// registers away from this kernel's blocks. The same sums in the same order
+// as forward_table_kernel, and the same A.
+//
+// Measured without gain (GPU time per call): the next chunk's fill spread
+// between the rows of the current one, into a second slice buffer (which
+// leaves room for one row slot per warp): wide 41.1 vs 39.7 us, 32x262144
+// 32.3 vs 31.6; only many rows gained (512x262144 150.3 vs 159.4).
+template <typename count_t>
+__global__ void __launch_bounds__(kRingWarps * 32, 1)
+    forward_table_fill_ring_kernel(const count_t* __restrict__ counts,
+                                   const float* __restrict__ log_alpha,
+                                   double* __restrict__ Apart, int nblk_alpha, int64_t B,
+                                   int64_t V, const RowOut o) {
+  static_assert(std::is_same_v<count_t, float>, "16-byte copies of float32 counts");
+  static_assert(kRingWarps * 32 == 2 * kPrepThreads, "two alpha slices at once");
+  extern __shared__ float4 ring_smem[];  // the table slice, then the warps' rings
+  float* tab = reinterpret_cast<float*>(ring_smem);
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  float4* ring = ring_smem + kChunkFloats / 4 + warp * kRingSlots * kRingSlotVectors;
+  const int64_t rows = B > warp ? (B - warp - 1) / kRingWarps + 1 : 0;  // per chunk
+  // The next item to issue: row warp + kRingWarps * next_r of chunk next_c.
+  int64_t next_r = 0, next_c = blockIdx.x;
+  auto issue_next = [&](int slot) {
+    const float* row = nullptr;
+    int len = 0;
+    if (next_r < rows && next_c < o.num_chunks) {
+      const int64_t v0 = next_c * kTableChunk;
+      row = counts + (warp + kRingWarps * next_r) * V + v0;
+      len = static_cast<int>(min(V - v0, static_cast<int64_t>(kTableChunk)));
+    }
+    issue_ring_row(ring + slot * kRingSlotVectors, row, len, lane);
+    if (++next_r == rows) next_r = 0, next_c += gridDim.x;
+  };
+#pragma unroll
+  for (int k = 0; k < kRingSlots; ++k) issue_next(k);
+  const float* tq = tab + lane;  // base = 4 lane
+  TableRowWriter writer;  // (several chunks: partials, no finish here)
+  int slot = 0;
+  for (int64_t c = blockIdx.x; c < o.num_chunks; c += gridDim.x) {
+    // (Its first barrier also waits for every warp's last lookups in the
+    // previous chunk's slice.)
+    fill_table_slice<kRingWarps * 32>(tab, log_alpha, V, c, o.normalize);
+    const int64_t v0 = c * kTableChunk;
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t b = warp + kRingWarps * r;
+      __pipeline_wait_prior(kRingSlots - 1);  // this item, the oldest group in flight, is in
+      float4 n[kTableUnroll];
+#pragma unroll
+      for (int u = 0; u < kTableUnroll; ++u) n[u] = ring[slot * kRingSlotVectors + lane + 32 * u];
+      double s = 0.0, rare_N = 0.0, norm = 0.0;
+      int table_N = 0;
+      bool ok = true;
+      const unsigned rare = add_table_terms<kTableUnroll>(n, tq, s, table_N);
+      issue_next(slot);  // the slot is read: the warp's item kRingSlots on
+      add_rare_terms(rare, counts + b * V + v0, 4 * lane, ColumnsFromLogAlpha{log_alpha + v0},
+                     o.normalize, s, rare_N, norm, ok);
+      writer.add(o, 0.0, b, c, true, s, table_N, rare_N, norm, ok);
+      slot = slot + 1 == kRingSlots ? 0 : slot + 1;
+    }
+  }
+  const int half = threadIdx.x / kPrepThreads;
+  for (int s0 = 2 * (gridDim.x - 1 - blockIdx.x); s0 < nblk_alpha; s0 += 2 * gridDim.x) {
+    prep_alpha_slice_group<float, false, 2>(log_alpha, V, 0, s0 + half, nblk_alpha, nullptr, Apart,
+                                            s0 + half < nblk_alpha);
+    __syncthreads();  // (the slices' warp totals are reused)
+  }
 }
 
 }  // namespace cuda
