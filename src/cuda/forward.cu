@@ -148,8 +148,9 @@ bool fill_table_in_block(int64_t B, int64_t num_chunks) {
 // persistent block per SM that also computes alpha's partial totals, so
 // that nothing runs before it (GPU time per call against the kernel below
 // after alpha_prep_kernel: wide 64x262144 39.7 vs 41.5 us, 40x210000 31.6
-// vs 33.1, 32x1048576 100.2 vs 105.2, 32x262144 31.6 vs 31.5; the rows are
-// the same bits). Other counts: forward_table_kernel<..., kFill>, a block
+// vs 33.1, 32x1048576 100.2 vs 105.2, 32x262144 31.6 vs 31.5, the rows the
+// same bits; then with each chunk's log_alpha loaded ahead of its rows:
+// 37.1, 29.4, 86.1, 28.7). Other counts: forward_table_kernel<..., kFill>, a block
 // per chunk, each filling its slice while its first row loads, as a
 // dependent of alpha_prep_kernel (cols and Apart, needed only for rare
 // counts and the finish).
