@@ -41,6 +41,11 @@ def components_float64(counts, log_alpha, normalize=False):
     return torch.stack([log_lik_float64(counts, la, normalize) for la in log_alpha], dim=-1)
 
 
+def component_magnitudes(counts, log_alpha, normalize=False):
+    """magnitudes' row sizes for each component: (B, K)."""
+    return torch.stack([magnitudes(counts, la, normalize)[0] for la in log_alpha], dim=-1)
+
+
 mpmath.mp.dps = 50
 
 

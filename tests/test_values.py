@@ -5,7 +5,7 @@ import torch
 
 import dirmult_ext
 
-from reference import components_float64, log_lik_float64, magnitudes
+from reference import component_magnitudes, components_float64, log_lik_float64, magnitudes
 
 COUNT_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16,
                 torch.int32, torch.int64, torch.uint8]
@@ -143,7 +143,9 @@ def test_components_match_separate_calls(device, dtype, normalize):
     out = dirmult_ext.log_lik_components(counts, log_alpha, normalize=normalize)
     assert out.shape == (B, K)
     ref = components_float64(counts, log_alpha, normalize)
-    scale = ref.abs().max().clamp_min(1.0)
+    # Relative to each output's terms (the max |ref| of all outputs failed
+    # once in a few hundred runs: 2.1e-6, a row whose terms cancel).
+    scale = component_magnitudes(counts, log_alpha, normalize).clamp_min(1.0)
     assert ((out.double().cpu() - ref).abs() / scale).max() < tolerance(dtype)
 
 
