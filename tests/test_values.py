@@ -210,6 +210,41 @@ def test_extreme_negative_count_in_few_rows(device, x):
         assert ((out[[0, 2]].double() - ref).abs() / ref.abs().clamp_min(1.0)).max() < 2e-6
 
 
+# CPU, few rows (6 to 63): the tables are built only up to each column's
+# largest count (table_tops). A row's value is the same bits whether the
+# other rows raise its columns' largest counts (a row of 16s), whether there
+# are enough rows for full tables (72), and, in float32, alone (no table);
+# the gradient's table is cut the same way. Mostly zeros, a non-integer
+# count (its column's top rounds down) and one off the table.
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("normalize", [False, True])
+def test_cpu_few_row_tables_keep_each_rows_bits(dtype, normalize):
+    B, V = 8, 3000
+    counts = (torch.randint(0, 5, (B, V)) * (torch.rand(B, V) < 0.3)).to(dtype)
+    counts[1, 7], counts[2, 9] = 2.5, 40.0
+    la = torch.empty(V, dtype=dtype).uniform_(-2.5, 3.0)
+    few = dirmult_ext.log_lik(counts, la, normalize=normalize)
+    raised = torch.cat([counts, torch.full((1, V), 16, dtype=dtype)])
+    assert torch.equal(few, dirmult_ext.log_lik(raised, la, normalize=normalize)[:B])
+    assert torch.equal(few, dirmult_ext.log_lik(counts.repeat(9, 1), la, normalize=normalize)[:B])
+    if dtype == torch.float32:
+        alone = torch.cat([dirmult_ext.log_lik(counts[i:i + 1], la, normalize=normalize)
+                           for i in range(B)])
+        assert torch.equal(few, alone)
+    ref = log_lik_float64(counts, la, normalize)
+    rows, cols = magnitudes(counts, la, normalize)
+    assert ((few.double() - ref).abs() / rows.clamp_min(1.0)).max() < tolerance(dtype)
+    lg = la.clone().requires_grad_()
+    w = torch.rand(B, dtype=dtype)  # (weighted: the backward's tables)
+    for weights in (None, w):
+        out = dirmult_ext.log_lik(counts, lg, normalize=normalize)
+        g, = torch.autograd.grad(out.sum() if weights is None else (out * weights).sum(), lg)
+        l64 = la.double().requires_grad_()
+        o64 = log_lik_float64(counts, l64, normalize)
+        g64, = torch.autograd.grad(o64.sum() if weights is None else (o64 * weights.double()).sum(), l64)
+        assert ((g.double() - g64).abs() / cols.clamp_min(1.0)).max() < 10 * tolerance(dtype)
+
+
 # CPU: a lookup-table entry (one run of running products per column) is the
 # bits of the direct evaluation of lnpoch: with one column a row's sum is one
 # term, so the rows of a batch that takes the table equal the rows evaluated

@@ -701,7 +701,13 @@ def report(result: dict, markdown: bool) -> str:
         else:
             status = "met" if tg["met"] else "NOT met"
             status = f"{status} ({tg['value']:.2f}x)"
-        note = "" if tg["applies"] else f"  [a {tg['applies_to']} target: for information]"
+        if tg["applies"]:
+            note = ""
+        elif tg["met"] is None:
+            note = f"  [a {tg['applies_to']} target]"
+        else:  # (a cpu target's value on a cuda run is the cuda speedup, and so on)
+            note = (f"  [a {tg['applies_to']} target; the value is this {env['device']} "
+                    "run's: for information]")
         out.append(f"{'  - ' if markdown else '  '}{tg['target']}: {status}{note}")
     return "\n".join(out)
 

@@ -70,7 +70,10 @@ struct SharedAlpha {
   // come from one run of running products (math.h, exact_run_step: the
   // multiplications of lnpoch_exact, adpoch_exact and log n!, so their
   // values), not from an evaluation per entry.
-  std::vector<scalar_t> table(int64_t B, bool log_poch, bool normalize) const {
+  // tops (table_tops; empty: all): the last entry each column needs; the
+  // entries above it are left 0 and never read.
+  std::vector<scalar_t> table(int64_t B, bool log_poch, bool normalize,
+                              const std::vector<uint8_t>& tops) const {
     const int64_t V = static_cast<int64_t>(alpha.size());
     if (B < kTableMinRows) return {};
     std::vector<scalar_t> t(V * kTableWidth);
@@ -85,7 +88,8 @@ struct SharedAlpha {
         scalar_t* entry = t.data() + v * kTableWidth;
         ExactRun<scalar_t> run;  // after factors 1 .. n - 1 for entry n
         entry[0] = scalar_t(0);
-        for (int n = 1; n < kTableWidth; ++n) {
+        const int top = tops.empty() ? kMaxExactCount : tops[v];
+        for (int n = 1; n <= top; ++n) {
           entry[n] = exact_run_value(run, factors[v], alpha[v], log_alpha[v], n, log_poch,
                                      false) -
                      log_fact[n];
@@ -192,11 +196,45 @@ inline bool zeros16(const count_t* p) {
   return (any & kMagnitude) == 0;
 }
 
-// The lnpoch table of shared alpha (log n! subtracted when normalized), or
-// none for fewer than kTableMinRows rows.
+// Rows below which a table is built only up to each column's largest count
+// (table_tops): from about this many rows most columns hold their largest
+// possible count, and the pass over the counts would cost more than the
+// entries it saves.
+constexpr int64_t kTopsMaxRows = 64;
+
+// For fewer than kTopsMaxRows rows (and enough for a table), the last table
+// entry each column's counts can look up: its largest count, capped at
+// kMaxExactCount (a non-integer count rounds down: only more entries; NaN
+// and negative counts ask for none). Entries are the same bits however many
+// are built, so a row's value does not depend on the other rows. Sparse
+// rows (mostly zeros) need few entries; counts 0..9 need 10 of 17. Empty
+// otherwise (every entry).
+template <typename count_t>
+std::vector<uint8_t> table_tops(const count_t* counts, int64_t B, int64_t V) {
+  if (B < kTableMinRows || B >= kTopsMaxRows) return {};
+  std::vector<uint8_t> tops(V);
+  torch::stable::parallel_for(0, V, 4096, [&](int64_t v0, int64_t v1) {
+    std::vector<float> top(v1 - v0, 0.0f);
+    for (int64_t b = 0; b < B; ++b) {
+      const count_t* row = counts + b * V;
+      for (int64_t v = v0; v < v1; ++v) {
+        const float c = static_cast<float>(row[v]);
+        top[v - v0] = c > top[v - v0] ? c : top[v - v0];  // (NaN: false)
+      }
+    }
+    for (int64_t v = v0; v < v1; ++v) {
+      tops[v] = static_cast<uint8_t>(std::min(top[v - v0], static_cast<float>(kMaxExactCount)));
+    }
+  });
+  return tops;
+}
+
+// The lnpoch table of shared alpha (log n! subtracted when normalized) up to
+// tops, or none for fewer than kTableMinRows rows.
 template <typename scalar_t>
-std::vector<scalar_t> lnp_table(const SharedAlpha<scalar_t>& sa, int64_t B, bool normalize) {
-  return sa.table(B, true, normalize);
+std::vector<scalar_t> lnp_table(const SharedAlpha<scalar_t>& sa, int64_t B, bool normalize,
+                                const std::vector<uint8_t>& tops) {
+  return sa.table(B, true, normalize, tops);
 }
 
 // A row's lnpoch sum, count total and validity over columns [v0, v1), shared
@@ -332,7 +370,7 @@ void forward_rows(const count_t* counts, const scalar_t* la, bool shared,
                   int64_t B, int64_t V, bool normalize, scalar_t* out) {
   if (shared) {
     const SharedAlpha<scalar_t> sa(la, V);
-    const std::vector<scalar_t> table = lnp_table(sa, B, normalize);
+    const std::vector<scalar_t> table = lnp_table(sa, B, normalize, table_tops(counts, B, V));
     auto part = [&](int64_t b, int64_t v0, int64_t v1) {
       return lnp_row_sums<scalar_t, count_t>(counts + b * V, v0, v1, table, sa, normalize);
     };
@@ -508,14 +546,15 @@ void backward_shared(const scalar_t* grad, const count_t* counts,
                      const scalar_t* la, int64_t B, int64_t V,
                      scalar_t* grad_la, RowOutputs<scalar_t> rows = {}) {
   const SharedAlpha<scalar_t> sa(la, V);
-  const std::vector<scalar_t> table = sa.table(B, false, false);
+  const std::vector<uint8_t> tops = table_tops(counts, B, V);
+  const std::vector<scalar_t> table = sa.table(B, false, false, tops);
   auto term = [&](int64_t v, scalar_t n) {
     int idx;
     return !table.empty() && table_index(n, idx) ? table[v * kTableWidth + idx]
                                                  : adpoch(sa.factors[v], sa.alpha[v], n);
   };
   std::vector<scalar_t> lnp;
-  if constexpr (kRows) lnp = lnp_table(sa, B, rows.normalize);
+  if constexpr (kRows) lnp = lnp_table(sa, B, rows.normalize, tops);
   if (!kRows && B < kRowsForRowsOnly && V > kColumnChunk) {
     backward_shared_few_rows<scalar_t, count_t>(grad, counts, sa, B, V, term, grad_la);
     return;
