@@ -210,27 +210,35 @@ def test_extreme_negative_count_in_few_rows(device, x):
         assert ((out[[0, 2]].double() - ref).abs() / ref.abs().clamp_min(1.0)).max() < 2e-6
 
 
-# CPU, few rows (6 to 63): the tables are built only up to each column's
-# largest count (table_tops). A row's value is the same bits whether the
-# other rows raise its columns' largest counts (a row of 16s), whether there
-# are enough rows for full tables (72), and, in float32, alone (no table);
-# the gradient's table is cut the same way. Mostly zeros, a non-integer
-# count (its column's top rounds down) and one off the table.
+# CPU, few rows (6 to 63): plan_table builds a table only where its entries
+# cost less than the nonzero counts would by the math path, and only up to
+# each column's largest count. Dense rows take such a table, sparse ones the
+# math path. A row's value is the same bits whether another row raises some
+# columns' largest counts to 16, and, in float32, whichever path the rows
+# take (full tables from 64 rows; alone, the math path); in float64 the
+# paths sum a row in different orders. The gradient's tables are cut the
+# same way. A non-integer count (its column's top rounds down) and one off
+# the table.
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("normalize", [False, True])
-def test_cpu_few_row_tables_keep_each_rows_bits(dtype, normalize):
-    B, V = 8, 3000
-    counts = (torch.randint(0, 5, (B, V)) * (torch.rand(B, V) < 0.3)).to(dtype)
+@pytest.mark.parametrize("density", [1.0, 0.05])
+def test_cpu_few_row_tables_keep_each_rows_bits(dtype, normalize, density):
+    B, V = 16, 3000
+    counts = (torch.randint(0, 5, (B, V)) * (torch.rand(B, V) < density)).to(dtype)
     counts[1, 7], counts[2, 9] = 2.5, 40.0
     la = torch.empty(V, dtype=dtype).uniform_(-2.5, 3.0)
     few = dirmult_ext.log_lik(counts, la, normalize=normalize)
-    raised = torch.cat([counts, torch.full((1, V), 16, dtype=dtype)])
+    raised = torch.cat([counts, torch.zeros(1, V, dtype=dtype)])
+    raised[B, :300] = 16
     assert torch.equal(few, dirmult_ext.log_lik(raised, la, normalize=normalize)[:B])
-    assert torch.equal(few, dirmult_ext.log_lik(counts.repeat(9, 1), la, normalize=normalize)[:B])
-    if dtype == torch.float32:
-        alone = torch.cat([dirmult_ext.log_lik(counts[i:i + 1], la, normalize=normalize)
-                           for i in range(B)])
-        assert torch.equal(few, alone)
+    many = dirmult_ext.log_lik(counts.repeat(5, 1), la, normalize=normalize)[:B]
+    alone = torch.cat([dirmult_ext.log_lik(counts[i:i + 1], la, normalize=normalize)
+                       for i in range(B)])
+    for other in (many, alone):
+        if dtype == torch.float32:
+            assert torch.equal(few, other)
+        else:
+            torch.testing.assert_close(few, other, rtol=1e-14, atol=0)
     ref = log_lik_float64(counts, la, normalize)
     rows, cols = magnitudes(counts, la, normalize)
     assert ((few.double() - ref).abs() / rows.clamp_min(1.0)).max() < tolerance(dtype)
