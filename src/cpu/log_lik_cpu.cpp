@@ -219,8 +219,9 @@ constexpr int64_t kTopsMaxRows = 64;
 // 8x262144 28.8 vs 23.2 at 1.29, 16x65536 14.0 vs 7.7 at 0.68; 1.2 to 1.5
 // is a tie within 15%). Entries are the same bits however many are built,
 // and the math path's values, so that a row's value does not depend on the
-// other rows (float32; in float64 the two paths sum a row in different
-// orders).
+// other rows: bitwise in float32 without normalize; normalized (an entry is
+// lnpoch - log n! rounded once) or in float64 (the paths sum a row in
+// different orders), within a few roundings of its terms.
 template <typename count_t>
 TablePlan plan_table(const count_t* counts, int64_t B, int64_t V) {
   if (B < kTableMinRows) return {false, {}};
