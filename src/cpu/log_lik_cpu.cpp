@@ -214,8 +214,8 @@ constexpr int64_t kTopsMaxRows = 64;
 // more entries; NaN and negative counts ask for none), and the nonzero
 // counts; the table is built when its entries plus its columns are at most
 // 1.5 times the nonzero counts, which the math path would take one by one
-// (2 cores, forward, ms, math path vs table at that ratio: 8x65536 1% ->
-// 10% nonzero 2.3 vs 5.4 at 4.4; counts 0..9 6x65536 6.3 vs 7.0 at 1.67,
+// (2 cores, forward, ms, math path vs table at that ratio: 8x65536 at 10%
+// nonzero 2.3 vs 5.4 at 4.4; counts 0..9 6x65536 6.3 vs 7.0 at 1.67,
 // 8x262144 28.8 vs 23.2 at 1.29, 16x65536 14.0 vs 7.7 at 0.68; 1.2 to 1.5
 // is a tie within 15%). Entries are the same bits however many are built,
 // and the math path's values, so that a row's value does not depend on the
