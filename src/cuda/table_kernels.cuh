@@ -748,6 +748,32 @@ __device__ __forceinline__ void issue_ring_row(float4* __restrict__ slot,
   __pipeline_commit();
 }
 
+// One row of a warp's ring: waits for the row (the oldest of the kSlots
+// groups the lane has in flight), reads its slot, looks its counts up in the
+// chunk's slice (tq = slice + lane), lets refill() issue the warp's next
+// item into the slot, takes the rare counts (row: the row's chunk, cols its
+// columns) and adds the row's sums to writer. Shared by the ring kernels, so
+// that their rows are the same sums in the same order.
+template <int kSlots, typename Refill, typename Columns>
+__device__ __forceinline__ void ring_row_step(const float4* __restrict__ slot,
+                                              const float* __restrict__ tq, Refill refill,
+                                              const float* __restrict__ row, Columns cols,
+                                              const RowOut& o, double A, int64_t b, int64_t c,
+                                              TableRowWriter& writer) {
+  const int lane = threadIdx.x & 31;
+  __pipeline_wait_prior(kSlots - 1);
+  float4 n[kTableUnroll];
+#pragma unroll
+  for (int u = 0; u < kTableUnroll; ++u) n[u] = slot[lane + 32 * u];
+  double s = 0.0, rare_N = 0.0, norm = 0.0;
+  int table_N = 0;
+  bool ok = true;
+  const unsigned rare = add_table_terms<kTableUnroll>(n, tq, s, table_N);
+  refill();  // the slot is read
+  add_rare_terms(rare, row, 4 * lane, cols, o.normalize, s, rare_N, norm, ok);
+  writer.add(o, A, b, c, true, s, table_N, rare_N, norm, ok);
+}
+
 // (A template, instantiated for float counts only, so that this header can
 // define it in every .cu file that includes it.)
 template <typename count_t>
@@ -757,7 +783,6 @@ __global__ void __launch_bounds__(kRingWarps * 32, 1)
                               const double* __restrict__ Apart, int nblk_alpha, int64_t B,
                               int64_t V, const RowOut o) {
   static_assert(std::is_same_v<count_t, float>, "16-byte copies of float32 counts");
-  constexpr int kUnroll = kTableUnroll;
   extern __shared__ float4 ring_smem[];  // the table slice, then the warps' rings
   float* tab = reinterpret_cast<float*>(ring_smem);
   const int lane = threadIdx.x & 31;
@@ -785,18 +810,9 @@ __global__ void __launch_bounds__(kRingWarps * 32, 1)
   TableRowWriter writer;
   for (int i = 0; b < B; ++i, b += stride) {
     const int slot = i % kRingSlots;
-    __pipeline_wait_prior(kRingSlots - 1);  // row b, the oldest group in flight, is in
-    float4 n[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) n[u] = ring[slot * kRingSlotVectors + lane + 32 * u];
-    double s = 0.0, rare_N = 0.0, norm = 0.0;
-    int table_N = 0;
-    bool ok = true;
-    const unsigned rare = add_table_terms<kUnroll>(n, tq, s, table_N);
-    fill(b + kRingSlots * stride, slot);  // the slot is read: its next row
-    add_rare_terms(rare, counts + b * V + v0, 4 * lane, cols + v0, o.normalize, s, rare_N, norm,
-                   ok);
-    writer.add(o, A, b, c, true, s, table_N, rare_N, norm, ok);
+    ring_row_step<kRingSlots>(
+        ring + slot * kRingSlotVectors, tq, [&] { fill(b + kRingSlots * stride, slot); },
+        counts + b * V + v0, cols + v0, o, A, b, c, writer);
   }
   writer.flush(o, A);
 }
@@ -820,7 +836,13 @@ __global__ void __launch_bounds__(kRingWarps * 32, 1)
 // Measured without gain (GPU time per call): the next chunk's fill spread
 // between the rows of the current one, into a second slice buffer (which
 // leaves room for one row slot per warp): wide 41.1 vs 39.7 us, 32x262144
-// 32.3 vs 31.6; only many rows gained (512x262144 150.3 vs 159.4).
+// 32.3 vs 31.6; only many rows gained (512x262144 150.3 vs 159.4). Warps
+// split in two groups (eleventh session), 8 streaming rows through 2 slots
+// each while 8 fill the next chunk's slice into the second buffer (every
+// warp filling the first): slower everywhere, the stream starved of bytes
+// in flight (64 KB per SM instead of 128; the two slices take 136 KB): wide
+// 81.8 vs 66.9 us, 32x1048576 193.1 vs 145.2, 512x262144 440.8 vs 307.0
+// (counts 0..9 with 0.1% of 23s: the rare path's float64 terms in both).
 template <typename count_t>
 __global__ void __launch_bounds__(kRingWarps * 32, 1)
     forward_table_fill_ring_kernel(const count_t* __restrict__ counts,
@@ -869,18 +891,10 @@ __global__ void __launch_bounds__(kRingWarps * 32, 1)
     const int64_t v0 = c * kTableChunk;
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t b = warp + kRingWarps * r;
-      __pipeline_wait_prior(kRingSlots - 1);  // this item, the oldest group in flight, is in
-      float4 n[kTableUnroll];
-#pragma unroll
-      for (int u = 0; u < kTableUnroll; ++u) n[u] = ring[slot * kRingSlotVectors + lane + 32 * u];
-      double s = 0.0, rare_N = 0.0, norm = 0.0;
-      int table_N = 0;
-      bool ok = true;
-      const unsigned rare = add_table_terms<kTableUnroll>(n, tq, s, table_N);
-      issue_next(slot);  // the slot is read: the warp's item kRingSlots on
-      add_rare_terms(rare, counts + b * V + v0, 4 * lane, ColumnsFromLogAlpha{log_alpha + v0},
-                     o.normalize, s, rare_N, norm, ok);
-      writer.add(o, 0.0, b, c, true, s, table_N, rare_N, norm, ok);
+      // (refill: the warp's item kRingSlots on)
+      ring_row_step<kRingSlots>(ring + slot * kRingSlotVectors, tq, [&] { issue_next(slot); },
+                                counts + b * V + v0, ColumnsFromLogAlpha{log_alpha + v0}, o, 0.0,
+                                b, c, writer);
       slot = slot + 1 == kRingSlots ? 0 : slot + 1;
     }
   }
@@ -891,6 +905,5 @@ __global__ void __launch_bounds__(kRingWarps * 32, 1)
     __syncthreads();  // (the slices' warp totals are reused)
   }
 }
-
 }  // namespace cuda
 }  // namespace dirmult
