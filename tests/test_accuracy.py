@@ -77,6 +77,36 @@ def test_terms_match_mpmath(device):
     assert not failures, f"{len(failures)} terms off by > {REL_TOL}: {failures[:5]}"
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_chunked_count_terms_match_mpmath(device, dtype):
+    """Integer counts just past the exact products' 16 (17 .. 129: the
+    chunked products, a log per 16 factors, up to kMaxChunkedCount, then the
+    general path) over alpha in [1e-6, 1e7], and alpha ~ 1e-14 where log a
+    cancels the log of the product: within 1e-6 (float32) or 1e-13 (float64)
+    of the true value. (float64 takes no refinement where the terms cancel,
+    as in the exact path: there its error is relative to |log a|.)"""
+    g = torch.Generator().manual_seed(torch.seed())
+    n = torch.arange(17, 130, dtype=torch.float64).repeat(4)
+    log_alpha = torch.empty_like(n).uniform_(math.log(1e-6), math.log(1e7), generator=g)
+    log_alpha[::37] = math.log(8.0)  # the boundary of the scaled factors
+    tiny = torch.tensor([17.0, 18.0, 20.0, 24.0]), torch.tensor([1e-14, 2.8e-14, 1.3e-16, 4e-23])
+    n = torch.cat([n, tiny[0]])
+    log_alpha = torch.cat([log_alpha, tiny[1].log()]).to(dtype)
+    lnp, adp = torch.ops.dirmult.poch_terms(log_alpha.to(device), n.to(dtype).to(device))
+    tol = REL_TOL if dtype == torch.float32 else 1e-13
+    failures = []
+    for i in range(n.numel()):
+        a = mpmath.exp(mpmath.mpf(float(log_alpha[i])))
+        t_l = mp_lnpoch(a, n[i])
+        e_l = _rel_err(lnp[i].cpu(), t_l)
+        if dtype == torch.float64:
+            e_l *= abs(float(t_l)) / max(abs(float(t_l)), abs(float(log_alpha[i])))
+        e_a = _rel_err(adp[i].cpu(), mp_adpoch(a, n[i]))
+        if e_l > tol or e_a > tol:
+            failures.append((float(log_alpha[i]), float(n[i]), e_l, e_a))
+    assert not failures, f"{len(failures)} terms off by > {tol}: {failures[:5]}"
+
+
 def test_zero_count_terms_are_exactly_zero(device):
     log_alpha = torch.empty(64).uniform_(-14, 16).to(device)
     lnp, adp = torch.ops.dirmult.poch_terms(log_alpha, torch.zeros_like(log_alpha))
