@@ -43,13 +43,17 @@ constexpr int kMaxExactCount = 16;
 // Integer counts above kMaxExactCount up to this one take the exact products
 // too, with a log per kMaxExactCount factors (lnpoch_chunked): about n
 // multiplications and n / 16 logs, against the general path's float64
-// shift recurrence and Stirling series. On the GPU that is many times
-// fewer instructions; a CPU core runs the products' chain serially, and
-// there they win only for the smaller counts (one core, lnpoch and adpoch
-// of a term, ns: 17..24 57 vs 88, 25..32 65 vs 87, 33..64 98 vs 119,
-// 65..128 172 vs 121).
+// shift recurrence and Stirling series. H200, 1% of the counts of 0..9 rows
+// moved into a range, GPU time per call (us) general -> chunked: tall
+// forward 312 -> 128 (17..24), 313 -> 167 (33..64), 311 -> 234 (65..128);
+// forward+backward 623 -> 228, 628 -> 324, 624 -> 470; per-sample
+// forward+backward 1493 -> 1061, 1492 -> 1283, but 1496 -> 1668 at 65..128
+// (its backward's inline adpoch), hence 64 on the GPU. A CPU core runs the
+// products' chain serially; there they win only for the smaller counts (one
+// core, lnpoch and adpoch of a term, ns: 17..24 57 vs 88, 25..32 65 vs 87,
+// 33..64 98 vs 119, 65..128 172 vs 121), hence 48.
 #if defined(__CUDA_ARCH__)
-constexpr int kMaxChunkedCount = 128;
+constexpr int kMaxChunkedCount = 64;
 #else
 constexpr int kMaxChunkedCount = 48;
 #endif
