@@ -309,7 +309,7 @@ DM_HOST_DEVICE bool is_chunked_count(T n) {
 // Factors k and k + 1 of a chunk go to two products, so that the chain of
 // dependent multiplications is half as long (the CPU runs it serially).
 template <typename T>
-DM_RARE_PATH T lnpoch_chunked(const ExactFactors<T>& f, T log_a, int n) {
+DM_HOST_DEVICE T lnpoch_chunked(const ExactFactors<T>& f, T log_a, int n) {
   T logp = T(0);
   for (int k0 = 1; k0 < n; k0 += kMaxExactCount) {
     const int k1 = k0 + kMaxExactCount < n ? k0 + kMaxExactCount : n;
@@ -331,7 +331,7 @@ DM_RARE_PATH T lnpoch_chunked(const ExactFactors<T>& f, T log_a, int n) {
 }
 
 template <typename T>
-DM_RARE_PATH T adpoch_chunked(const ExactFactors<T>& f, T a, int n) {
+DM_HOST_DEVICE T adpoch_chunked(const ExactFactors<T>& f, T a, int n) {
   T ratio = T(0);  // sum_k 1 / f_k, a chunk's q / p at a time
   for (int k0 = 1; k0 < n; k0 += kMaxExactCount) {
     const int k1 = k0 + kMaxExactCount < n ? k0 + kMaxExactCount : n;
@@ -362,14 +362,28 @@ DM_HOST_DEVICE bool is_exact_count(T n) {
   return n <= T(kMaxExactCount) && n == dm_floor(n);
 }
 
+// Counts off the exact path: the chunked products or the general path, one
+// out-of-line call from the kernels (a call site per path made ptxas save
+// more registers around them: 48-byte spills in the per-sample forward).
+template <typename T>
+DM_RARE_PATH T lnpoch_off_exact(const ExactFactors<T>& f, T a, T log_a, T n) {
+  if (is_chunked_count(n)) return lnpoch_chunked(f, log_a, static_cast<int>(n));
+  return lnpoch_general(a, log_a, n);
+}
+
+template <typename T>
+DM_RARE_PATH T adpoch_off_exact(const ExactFactors<T>& f, T a, T n) {
+  if (is_chunked_count(n)) return adpoch_chunked(f, a, static_cast<int>(n));
+  return adpoch_general(a, n);
+}
+
 template <typename T>
 DM_HOST_DEVICE T lnpoch(T a, T log_a, T n) {
   if (n == T(0)) return T(0);
   if (is_exact_count(n)) {
     return lnpoch_exact_checked(exact_factors(a), log_a, static_cast<int>(n));
   }
-  if (is_chunked_count(n)) return lnpoch_chunked(exact_factors(a), log_a, static_cast<int>(n));
-  return lnpoch_general(a, log_a, n);
+  return lnpoch_off_exact(exact_factors(a), a, log_a, n);
 }
 
 // Same, with the per-column factors precomputed by the caller.
@@ -377,8 +391,7 @@ template <typename T>
 DM_HOST_DEVICE T lnpoch(const ExactFactors<T>& f, T a, T log_a, T n) {
   if (n == T(0)) return T(0);
   if (is_exact_count(n)) return lnpoch_exact_checked(f, log_a, static_cast<int>(n));
-  if (is_chunked_count(n)) return lnpoch_chunked(f, log_a, static_cast<int>(n));
-  return lnpoch_general(a, log_a, n);
+  return lnpoch_off_exact(f, a, log_a, n);
 }
 
 template <typename T>
@@ -387,16 +400,14 @@ DM_HOST_DEVICE T adpoch(T a, T n) {
   if (is_exact_count(n)) {
     return adpoch_exact(exact_factors(a), a, static_cast<int>(n));
   }
-  if (is_chunked_count(n)) return adpoch_chunked(exact_factors(a), a, static_cast<int>(n));
-  return adpoch_general(a, n);
+  return adpoch_off_exact(exact_factors(a), a, n);
 }
 
 template <typename T>
 DM_HOST_DEVICE T adpoch(const ExactFactors<T>& f, T a, T n) {
   if (n == T(0)) return T(0);
   if (is_exact_count(n)) return adpoch_exact(f, a, static_cast<int>(n));
-  if (is_chunked_count(n)) return adpoch_chunked(f, a, static_cast<int>(n));
-  return adpoch_general(a, n);
+  return adpoch_off_exact(f, a, n);
 }
 
 // digamma(a + n) - digamma(a), for a > 0 (row terms: a = A, n = N).

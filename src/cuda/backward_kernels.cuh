@@ -210,18 +210,28 @@ __global__ void __launch_bounds__(kColThreads, kTable ? 3 : 1)
       // Non-integer, large or bad counts: one rolled copy of the math path,
       // out of the unrolled loops (copies in them overflowed the instruction
       // cache). Bad counts are already NaN in N_b, which poisons the gradient.
-#pragma unroll 1
-      while (rare != 0) {
-        const int e = __ffs(static_cast<int>(rare)) - 1;
-        rare &= rare - 1;
-        const int i = e >> 2, j = e & 3;
-        const scalar_t x = static_cast<scalar_t>(base[(b0 + i) * V + j]);
-        if (!is_valid_count(x)) continue;
-        const ColumnAlpha<scalar_t> cl = cols[v0 + j];
-        const double d = static_cast<double>(grad[(b0 + i) * K]) *
-                         static_cast<double>(adpoch(cl.factors(), cl.a, x));
+      // Spread over the warp's lanes (spread_marks).
+      if (__any_sync(0xffffffffu, rare != 0)) {
+        struct Term {
+          double d;
+          int valid, unused;
+        };
+        auto compute = [&](int owner, int e) {
+          const int i = e >> 2, j = e & 3;
+          const int64_t v = 4 * (owner - lane) + j;  // the owner's column, from v0
+          const scalar_t x = static_cast<scalar_t>(base[(b0 + i) * V + v]);
+          if (!is_valid_count(x)) return Term{0.0, 0, 0};
+          const ColumnAlpha<scalar_t> cl = cols[v0 + v];
+          return Term{static_cast<double>(grad[(b0 + i) * K]) *
+                          static_cast<double>(adpoch(cl.factors(), cl.a, x)),
+                      1, 0};
+        };
+        auto consume = [&](int e, const Term& r) {
+          const int j = e & 3;
 #pragma unroll
-        for (int jj = 0; jj < 4; ++jj) acc[0][jj] += jj == j ? d : 0.0;
+          for (int jj = 0; jj < 4; ++jj) acc[0][jj] += r.valid && jj == j ? r.d : 0.0;
+        };
+        spread_marks<Term>(rare, compute, consume);
       }
     }
   }

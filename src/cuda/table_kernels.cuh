@@ -583,50 +583,44 @@ struct ColumnsFromLogAlpha {
   }
 };
 
+// The math path's value of an off-table count: its term, the count (NaN
+// for a bad count) and -log n!.
+struct RareTerm {
+  double lnpoch, n, norm;
+};
+
 // Non-integer, large or bad counts (add_table_terms's marks, the lane's
-// columns base + 128 (e / 4) + e % 4 for bit e; row and cols at the chunk's
-// first column: prepared columns, or ColumnsFromLogAlpha) take the math
-// path: one copy of it, out of the unrolled loop, so that the hot loop's
-// code stays small (a copy per unrolled element overflowed the instruction
-// cache). The warp's marks are spread over its lanes, the i-th in (lane,
-// bit) order taken by lane i % 32 into its own sums: each lane taking its
-// own kept the warp for as many rounds as its lane with the most marks.
-// Warp-uniform call.
+// columns base + 128 (e / 4) + e % 4 for bit e, base = 4 lane + a
+// warp-uniform offset; row and cols at the chunk's first column: prepared
+// columns, or ColumnsFromLogAlpha) take the math path, spread over the
+// warp's lanes (spread_marks): one copy of it, out of the unrolled loop, so
+// that the hot loop's code stays small (a copy per unrolled element
+// overflowed the instruction cache). Warp-uniform call.
 template <typename count_t, typename Columns>
 __device__ __forceinline__ void add_rare_terms(unsigned rare, const count_t* __restrict__ row,
                                                int base, const Columns cols, bool normalize,
                                                double& s, double& rare_N, double& norm, bool& ok) {
-  constexpr unsigned kAll = 0xffffffffu;
-  if (!__any_sync(kAll, rare != 0)) return;
+  if (!__any_sync(0xffffffffu, rare != 0)) return;
   const int lane = threadIdx.x & 31;
-  const int mine = __popc(rare);
-  const int end = warp_inclusive_scan(mine, lane);  // the marks of lanes 0 .. lane
-  const int total = __shfl_sync(kAll, end, 31);
-#pragma unroll 1
-  for (int i = lane; i - lane < total; i += 32) {
-    // The mark's lane: the first whose end passes i (ends never decrease).
-    int owner = 0;
-#pragma unroll
-    for (int step = 16; step > 0; step >>= 1) {
-      if (__shfl_sync(kAll, end, owner + step - 1) <= i) owner += step;
-    }
-    unsigned marks = __shfl_sync(kAll, rare, owner);
-    const int first = __shfl_sync(kAll, end - mine, owner);
-    const int owner_base = __shfl_sync(kAll, base, owner);
-    if (i >= total) continue;
-    for (int k = first; k < i; ++k) marks &= marks - 1;  // its (i - first)-th mark
-    const int e = __ffs(static_cast<int>(marks)) - 1;
-    const int v = owner_base + 128 * (e >> 2) + (e & 3);
+  auto compute = [&](int owner, int e) {
+    const int v = base + 4 * (owner - lane) + 128 * (e >> 2) + (e & 3);
     const float x = static_cast<float>(row[v]);
-    if (!is_valid_count(x)) {
-      ok = false;
-      continue;
-    }
-    rare_N += static_cast<double>(row[v]);
+    if (!is_valid_count(x)) return RareTerm{0.0, NAN, 0.0};
     const ColumnAlpha<float> col = cols[v];
-    s += static_cast<double>(lnpoch(col.factors(), col.a, col.log_a, x));
-    if (normalize) norm -= static_cast<double>(log_factorial(x));
-  }
+    return RareTerm{static_cast<double>(lnpoch(col.factors(), col.a, col.log_a, x)),
+                    static_cast<double>(row[v]),
+                    normalize ? -static_cast<double>(log_factorial(x)) : 0.0};
+  };
+  auto consume = [&](int, const RareTerm& t) {
+    if (t.n != t.n) {  // a bad count
+      ok = false;
+      return;
+    }
+    rare_N += t.n;
+    s += t.lnpoch;
+    if (normalize) norm += t.norm;
+  };
+  spread_marks<RareTerm>(rare, compute, consume);
 }
 
 // Forward with the table: grid (column chunks, row groups), a warp per row.

@@ -95,29 +95,37 @@ __global__ void __launch_bounds__(kColThreads * kGroups, 1)
 #pragma unroll
     for (int i = 0; i < kRowBatch; ++i) rare_n[i] = 0.0;
     const bool any_rare = __any_sync(0xffffffffu, rare != 0);
-#pragma unroll 1
-    while (rare != 0) {
-      const int e = __ffs(static_cast<int>(rare)) - 1;
-      rare &= rare - 1;
-      const int i = e >> 2, j = e & 3;
-      const count_t c = base[(b0 + i) * V + j];
-      const float x = static_cast<float>(c);
-      double l = NAN, cnt = NAN, d = 0.0;
-      if (is_valid_count(x)) {
-        const ColumnAlpha<float> cl = cols[v0 + j];
-        l = static_cast<double>(lnpoch(cl.factors(), cl.a, cl.log_a, x));
-        if (normalize) l -= static_cast<double>(log_factorial(x));
-        cnt = static_cast<double>(c);  // exact, float64 counts included
-        d = static_cast<double>(adpoch(cl.factors(), cl.a, x));
-      }
-      // Constant indices only: the arrays stay in registers.
+    if (any_rare) {  // spread over the warp's lanes (spread_marks)
+      struct Term {
+        double l, cnt, d;
+      };
+      auto compute = [&](int owner, int e) {
+        const int i = e >> 2, j = e & 3;
+        const int64_t v = 4 * (owner - lane) + j;  // the owner's column, from v0
+        const count_t c = base[(b0 + i) * V + v];
+        const float x = static_cast<float>(c);
+        Term r{NAN, NAN, 0.0};
+        if (is_valid_count(x)) {
+          const ColumnAlpha<float> cl = cols[v0 + v];
+          r.l = static_cast<double>(lnpoch(cl.factors(), cl.a, cl.log_a, x));
+          if (normalize) r.l -= static_cast<double>(log_factorial(x));
+          r.cnt = static_cast<double>(c);  // exact, float64 counts included
+          r.d = static_cast<double>(adpoch(cl.factors(), cl.a, x));
+        }
+        return r;
+      };
+      auto consume = [&](int e, const Term& r) {
+        const int i = e >> 2, j = e & 3;
+        // Constant indices only: the arrays stay in registers.
 #pragma unroll
-      for (int ii = 0; ii < kRowBatch; ++ii) {
-        row_l[ii] += ii == i ? l : 0.0;
-        rare_n[ii] += ii == i ? cnt : 0.0;
-      }
+        for (int ii = 0; ii < kRowBatch; ++ii) {
+          row_l[ii] += ii == i ? r.l : 0.0;
+          rare_n[ii] += ii == i ? r.cnt : 0.0;
+        }
 #pragma unroll
-      for (int jj = 0; jj < 4; ++jj) acc[jj] += jj == j ? d : 0.0;
+        for (int jj = 0; jj < 4; ++jj) acc[jj] += jj == j ? r.d : 0.0;
+      };
+      spread_marks<Term>(rare, compute, consume);
     }
     // Lane l ends with the sums of the batch's row l % kRowBatch.
     const double L = warp_reduce_scatter<kRowBatch>(row_l, lane);
