@@ -7,12 +7,16 @@ import torch
 import dirmult_ext
 
 
-def case(B, V, dtype=torch.float32, shared=True, counts_grad=False, K=None, weighted=False):
+def case(B, V, dtype=torch.float32, shared=True, counts_grad=False, K=None, weighted=False,
+         off_table=0.0):
     """weighted: the backward gets row weights that are not one number (the
     backward kernels run); else the gradient of the sum (the single pass,
-    where it applies)."""
+    where it applies). off_table: the fraction of counts beyond the exact
+    path (20..299: the chunked products and the general path)."""
     counts = torch.randint(0, 12, (B, V), device="cuda").to(dtype)
     counts[0, 0] = 20  # beyond the exact path
+    far = torch.rand(B, V, device="cuda") < off_table
+    counts[far] = torch.randint(20, 300, (int(far.sum()),), device="cuda").to(dtype)
     compute = torch.float64 if dtype == torch.float64 else torch.float32
     if K is not None:
         la = torch.randn(K, V, dtype=compute, device="cuda", requires_grad=True)
@@ -35,11 +39,13 @@ def case(B, V, dtype=torch.float32, shared=True, counts_grad=False, K=None, weig
     torch.testing.assert_close(out.detach().cpu(), ref, rtol=1e-5, atol=1e-3)
 
 
-def forward_case(B, V, dtype=torch.float32):
+def forward_case(B, V, dtype=torch.float32, off_table=0.0):
     """The forward alone (no gradient wanted: the forward kernels, not the
     single pass)."""
     counts = torch.randint(0, 12, (B, V), device="cuda").to(dtype)
     counts[0, 0] = 20.5  # off the table
+    far = torch.rand(B, V, device="cuda") < off_table
+    counts[far] = torch.randint(20, 300, (int(far.sum()),), device="cuda").to(dtype)
     la = torch.randn(V, device="cuda")
     with torch.no_grad():
         out = dirmult_ext.log_lik(counts, la, normalize=True)
@@ -69,6 +75,12 @@ if __name__ == "__main__":
                                     # slices (refinements queued per warp), rows through rings,
                                     # alpha's partial totals in the same launch
     forward_case(33, 300000)        # the same, 2-3 chunks per block
+    # Many counts off the table: spread over the warps' lanes (spread_marks)
+    forward_case(600, 1024, off_table=0.3)   # ring forward
+    forward_case(40, 70000, off_table=0.3)   # in-block fill ring
+    forward_case(300, 5001, off_table=0.3)   # forward table kernel, scalar loads
+    case(300, 1024, off_table=0.3)                 # single pass
+    case(300, 1024, off_table=0.3, weighted=True)  # column backward
     forward_case(36, 210001, torch.int64)  # a block per chunk fills its own slice, one row
                                     # in flight per warp (8-byte counts, scalar loads)
     case(5, 301)                    # scalar loads (V % 4 != 0)

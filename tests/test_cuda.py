@@ -308,6 +308,49 @@ def test_fill_ring_forward_matches_float64(shape):
         assert ((out.double() - ref).abs() / rows.clamp_min(1.0)).max() < 2e-6
 
 
+# Many counts off the table (a third of them: every lane has several, a warp
+# hundreds, so spread_marks takes many rounds of 32): integers of the
+# chunked products (17..64), of the general path (65..300), non-integers,
+# and a bad count in one row (the forward only). Every table kernel that
+# takes them: the ring (4096x1024), the in-block fill ring (40x70000), the
+# one- and two-row kernels over several chunks (300x5000) and with scalar
+# loads (2001x1023); the single pass (gradient of the sum) and the column
+# backward (a weighted sum); normalized or not.
+@pytest.mark.parametrize("shape", [(4096, 1024), (40, 70000), (300, 5000), (2001, 1023)])
+def test_table_paths_with_many_off_table_counts_match_float64(shape):
+    B, V = shape
+    counts = torch.randint(0, 10, (B, V)).float()
+    pick = torch.rand(B, V)
+    counts[pick < 0.15] = torch.randint(17, 65, (int((pick < 0.15).sum()),)).float()
+    far = (pick >= 0.15) & (pick < 0.25)
+    counts[far] = torch.randint(65, 301, (int(far.sum()),)).float()
+    frac = (pick >= 0.25) & (pick < 0.33)
+    counts[frac] += 0.5
+    la = torch.empty(V).uniform_(-2.5, 3.0)
+    bad = counts.clone()
+    bad[B // 2, V // 3] = float("nan")
+    for normalize in (False, True):
+        with torch.no_grad():
+            out = dirmult_ext.log_lik(bad.cuda(), la.cuda(), normalize=normalize).cpu()
+        nan = torch.isnan(out)
+        assert nan[B // 2] and int(nan.sum()) == 1
+        keep = torch.arange(B) != B // 2
+        ref = log_lik_float64(counts, la, normalize)
+        rows, _ = magnitudes(counts, la, normalize)
+        assert ((out.double() - ref).abs() / rows.clamp_min(1.0))[keep].max() < 2e-6
+    w = torch.rand(B, dtype=torch.float64)
+    la64 = la.double().requires_grad_()
+    _, cols = magnitudes(counts, la)
+    for weights in (None, w):
+        la_c = la.cuda().requires_grad_()
+        out = dirmult_ext.log_lik(counts.cuda(), la_c)
+        loss = out.sum() if weights is None else (out * weights.float().cuda()).sum()
+        g, = torch.autograd.grad(loss, la_c)
+        ref = log_lik_float64(counts, la64)
+        g_ref, = torch.autograd.grad(ref.sum() if weights is None else (ref * weights).sum(), la64)
+        assert ((g.double().cpu() - g_ref).abs() / cols.clamp_min(1.0)).max() < 1e-5
+
+
 # Components whose K * V table columns (more than 4096: a thread per column)
 # leave the fill's last warp partly past the table: those lanes stay for the
 # warp's queued refinements.
