@@ -124,14 +124,33 @@ __global__ void __launch_bounds__(kRowWarps * 32)
         }
       }
     }
-    float gl[4];
+    float adp[4];
+    unsigned rare = 0;  // bit j: count j off the table (non-integer, large or bad)
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       // adpoch_exact: 1 + (a or 1) q / p.
       const float scale = a[j] < Tuning<float>::kStirlingMin ? a[j] : 1.0f;
-      float adp = mi[j] == 0 ? 0.0f : fmaf(scale, q[j] * newton_reciprocal(t[j].p), 1.0f);
-      if (!hit[j]) adp = adpoch(a[j], n[j]);  // non-integer, large or bad: rare
-      gl[j] = static_cast<float>(g * (static_cast<double>(adp) - static_cast<double>(a[j]) * d));
+      adp[j] = mi[j] == 0 ? 0.0f : fmaf(scale, q[j] * newton_reciprocal(t[j].p), 1.0f);
+      rare |= hit[j] ? 0u : 1u << j;
+    }
+    // The rare counts' adpoch spread over the warp's lanes (spread_marks;
+    // each lane taking its own kept the warp for up to four math paths a
+    // step), from the owner's count and log_alpha (the same a and n).
+    if (__any_sync(0xffffffffu, rare != 0)) {
+      auto compute = [&](int owner, int e) {
+        const int64_t vo = v + 4 * (owner - lane) + e;
+        return adpoch(dm_exp(lrow[vo]), static_cast<float>(row[vo]));
+      };
+      auto consume = [&](int e, float value) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) adp[j] = j == e ? value : adp[j];
+      };
+      spread_marks<float>(rare, compute, consume);
+    }
+    float gl[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      gl[j] = static_cast<float>(g * (static_cast<double>(adp[j]) - static_cast<double>(a[j]) * d));
     }
     if (aligned && v + 4 <= v_end) {
       *reinterpret_cast<float4*>(out + v) = make_float4(gl[0], gl[1], gl[2], gl[3]);
