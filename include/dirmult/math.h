@@ -48,7 +48,9 @@ constexpr int kMaxExactCount = 16;
 // forward 312 -> 128 (17..24), 313 -> 167 (33..64), 311 -> 234 (65..128);
 // forward+backward 623 -> 228, 628 -> 324, 624 -> 470; per-sample
 // forward+backward 1493 -> 1061, 1492 -> 1283, but 1496 -> 1668 at 65..128
-// (its backward's inline adpoch), hence 64 on the GPU. A CPU core runs the
+// (its backward's inline adpoch, since spread over the warp like the table
+// kernels' off-table counts: 128 may pay there now, not measured), hence 64
+// on the GPU. A CPU core runs the
 // products' chain serially; there they win only for the smaller counts (one
 // core, lnpoch and adpoch of a term, ns: 17..24 57 vs 88, 25..32 65 vs 87,
 // 33..64 98 vs 119, 65..128 172 vs 121), hence 48.
