@@ -26,6 +26,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--timing", default="graph", choices=["graph", "queued", "synced"])
     args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("off_table_bench.py times the CUDA kernels: no CUDA device here")
     dev = torch.device("cuda")
     g = torch.Generator(device=dev)
     g.manual_seed(torch.seed())
