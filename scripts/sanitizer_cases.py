@@ -7,16 +7,22 @@ import torch
 import dirmult_ext
 
 
+def draw_counts(B, V, dtype, first, off_table):
+    """Counts 0..11 with counts[0, 0] = first and a fraction off_table of
+    them at 20..299 (the chunked products and the general path)."""
+    counts = torch.randint(0, 12, (B, V), device="cuda").to(dtype)
+    counts[0, 0] = first
+    far = torch.rand(B, V, device="cuda") < off_table
+    counts[far] = torch.randint(20, 300, (int(far.sum()),), device="cuda").to(dtype)
+    return counts
+
+
 def case(B, V, dtype=torch.float32, shared=True, counts_grad=False, K=None, weighted=False,
          off_table=0.0):
     """weighted: the backward gets row weights that are not one number (the
     backward kernels run); else the gradient of the sum (the single pass,
-    where it applies). off_table: the fraction of counts beyond the exact
-    path (20..299: the chunked products and the general path)."""
-    counts = torch.randint(0, 12, (B, V), device="cuda").to(dtype)
-    counts[0, 0] = 20  # beyond the exact path
-    far = torch.rand(B, V, device="cuda") < off_table
-    counts[far] = torch.randint(20, 300, (int(far.sum()),), device="cuda").to(dtype)
+    where it applies). off_table: as draw_counts."""
+    counts = draw_counts(B, V, dtype, 20, off_table)  # beyond the exact path
     compute = torch.float64 if dtype == torch.float64 else torch.float32
     if K is not None:
         la = torch.randn(K, V, dtype=compute, device="cuda", requires_grad=True)
@@ -42,10 +48,7 @@ def case(B, V, dtype=torch.float32, shared=True, counts_grad=False, K=None, weig
 def forward_case(B, V, dtype=torch.float32, off_table=0.0):
     """The forward alone (no gradient wanted: the forward kernels, not the
     single pass)."""
-    counts = torch.randint(0, 12, (B, V), device="cuda").to(dtype)
-    counts[0, 0] = 20.5  # off the table
-    far = torch.rand(B, V, device="cuda") < off_table
-    counts[far] = torch.randint(20, 300, (int(far.sum()),), device="cuda").to(dtype)
+    counts = draw_counts(B, V, dtype, 20.5, off_table)  # off the table
     la = torch.randn(V, device="cuda")
     with torch.no_grad():
         out = dirmult_ext.log_lik(counts, la, normalize=True)
