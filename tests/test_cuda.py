@@ -124,6 +124,25 @@ def test_per_sample_deferred_slow_counts_match_float64():
     assert err.max() < 2e-6
 
 
+@pytest.mark.parametrize("V", [3000, 24])
+@pytest.mark.parametrize("normalize", [False, True])
+def test_per_sample_cancelling_terms_match_float64(V, normalize):
+    # Every count on the exact path and most in the cancellation band (a < 1,
+    # counts 2..9). Long rows (3000: three deferral groups and a tail): the
+    # kernel keeps the cancelling terms' float32 values, whose error it
+    # bounds by 2^-22 of the row's magnitudes. Short rows (24): the
+    # magnitudes cannot absorb that, and the terms are redone in float64.
+    B = 96
+    counts = torch.randint(2, 10, (B, V)).float()
+    counts[torch.rand(B, V) < 0.1] = 0
+    la = torch.empty(B, V).uniform_(-1.0, 0.0)
+    la[:, ::7] = torch.empty(la[:, ::7].shape).uniform_(0.0, 3.0)
+    out = dirmult_ext.log_lik(counts.cuda(), la.cuda(), normalize=normalize)
+    ref = log_lik_float64(counts, la, normalize)
+    scale = magnitudes(counts, la, normalize)[0]
+    assert ((out.double().cpu() - ref).abs() / scale).max() < 4e-7
+
+
 def _per_sample_case(B, V, dtype, generator):
     """Counts for the float32 per-sample kernels: zeros, 1..16 (the exact
     path, both parities of the paired products), 17..24 and fractions (off

@@ -12,11 +12,14 @@
 //    largest count, two factors per step (a product, a sum and one
 //    predicated multiply), and one log for the four products;
 //  * cancellation (log a < 0 against log p: |lnpoch| < 1) recognised from
-//    a p in (1/e, e) without a log per count. Those counts, like the counts
-//    off the exact path and bad ones, are deferred: marked per lane, then
-//    every kGroup loads the warp's marks are queued in shared memory and
-//    spread over its lanes (each lane taking its own marks kept the warp as
-//    long as its lane with the most: 416 vs 382 us).
+//    a p in (1/e, e) without a log per count. Those counts' float32 values
+//    (one log of their a p's product per group of kGroup loads) are kept
+//    where the row's magnitudes bound their error; else they are redone in
+//    float64 after the group (redoing all of them was 19% of the tall
+//    forward's time at log_alpha ~ U(-2, 3): 345 -> 303 us without);
+//  * counts off the exact path, bad ones and the cancelling ones redone
+//    are deferred: marked per lane, then every kGroup loads the warp's
+//    marks are queued in shared memory and spread over its lanes.
 // The rows are not the same bits as the scalar path's (the products are
 // paired, the logs shared); the float64 comparisons in the tests bound them.
 // forward_rows_per_sample_kernel (forward_kernels.cuh) serves float64.
@@ -54,11 +57,10 @@ __device__ __forceinline__ PerSampleTerm per_sample_term(float a, float la, floa
           m == 0.0f ? 0.0f : (small ? la : m * la), m, 1.0f};
 }
 
-// Whether lnpoch = la + log p (la = log a) cancels: |lnpoch| < 1, i.e.
-// a p in (1/e, e), widened a little so that every count the float32
+// Whether lnpoch = la + log p (la = log a, ap = a p) cancels: |lnpoch| < 1,
+// i.e. a p in (1/e, e), widened a little so that every count the float32
 // difference would lose digits on is caught (math.h lnpoch_exact_cancels).
-__device__ __forceinline__ bool per_sample_cancels(float la, float a, const PerSampleTerm& t) {
-  const float ap = a * t.p;
+__device__ __forceinline__ bool per_sample_cancels(float la, float ap, const PerSampleTerm& t) {
   return la < 0.0f && t.m >= 2.0f && ap > 0.35f && ap < 2.9f;
 }
 
@@ -68,7 +70,7 @@ __global__ void __launch_bounds__(kRowWarps * 32)
                                     const float* __restrict__ log_alpha, int64_t B, int64_t V,
                                     RowSplit split, bool aligned,
                                     float* __restrict__ out, RowPartial* __restrict__ partial) {
-  constexpr int kGroup = 8;  // loads per deferral group: 4 * kGroup bits
+  constexpr int kGroup = 8;  // loads per deferral group: 4 * kGroup mark bits
   __shared__ float log_fact[kTableWidth];  // log n!, n = 0 .. kMaxExactCount
   // Each warp's deferred counts of a group, as column offsets from the
   // group's first column, in (lane, bit) order.
@@ -77,7 +79,6 @@ __global__ void __launch_bounds__(kRowWarps * 32)
     log_fact[threadIdx.x] = log_factorial(static_cast<float>(threadIdx.x));
   }
   __syncthreads();
-  const int lane = threadIdx.x & 31;
   const RowItem it = row_item(split, B, V);
   if (!it.valid) return;
   const int64_t v_begin = it.v_begin, v_end = it.v_end;
@@ -87,12 +88,19 @@ __global__ void __launch_bounds__(kRowWarps * 32)
   double acc = 0.0, N = 0.0, norm = 0.0, A = 0.0;
   int table_N = 0;  // this group's table counts (flushed into N per group)
   bool ok = true;
-  unsigned slow = 0;  // bit 4 (load % kGroup) + j
+  unsigned slow = 0;    // counts off the exact path or bad: bit 4 (load % kGroup) + j
+  unsigned cancel = 0;  // cancelling counts, the same bits
+  // The cancelling counts' float32 values: the log of the product of their
+  // a p (each in (0.35, 2.9), so 32 of them stay finite).
+  float cancel_prod = 1.0f;
+  int group_m = 0;  // the group's largest exact-path count
+  float kept_err = 0.0f;  // the kept cancelling values' error bound, in units of 2^-24
+  float magnitude = 0.0f;  // sum of |the loads' float32 sums|: at most the terms' magnitudes
   int load = 0;
   // Warp-uniform steps (the warp reductions inside): lanes past the end read
   // zeros, which take no term and add nothing to A.
   for (int64_t v0 = v_begin; v0 < v_end; v0 += 128, ++load) {
-    const int64_t v = v0 + 4 * lane;
+    const int64_t v = v0 + 4 * (threadIdx.x & 31);
     const int64_t left = v_end - v;
     const int in = left >= 4 ? 4 : (left > 0 ? static_cast<int>(left) : 0);
     float n[4], la[4];
@@ -102,7 +110,7 @@ __global__ void __launch_bounds__(kRowWarps * 32)
     PerSampleTerm t[4];
     float a[4], asum = 0.0f, nf = 0.0f;
     int mi[4], m_max = 0;
-    unsigned nib = 0;  // this load's deferred counts
+    unsigned nib = 0;  // this load's counts off the exact path
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       a[j] = dm_exp(la[j]);
@@ -140,15 +148,20 @@ __global__ void __launch_bounds__(kRowWarps * 32)
       }
     }
     float lsum = 0.0f;
+    unsigned cnib = 0;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      if (per_sample_cancels(la[j], a[j], t[j])) {
-        nib |= 1u << j;
+      const float ap = a[j] * t[j].p;
+      if (per_sample_cancels(la[j], ap, t[j])) {
+        cnib |= 1u << j;
+        cancel_prod *= ap;
         t[j].p = 1.0f, t[j].lbase = 0.0f;
       }
       lsum += t[j].lbase;
     }
+    group_m = max(group_m, m_max);
     slow |= nib << (4 * (load % kGroup));
+    cancel |= cnib << (4 * (load % kGroup));
     float logs = 0.0f;  // every p is 1 when no count is 2 or more
     if (m_max >= 2) {
       // One log for the four products: each p < 2^60 (at most 15 factors
@@ -158,43 +171,72 @@ __global__ void __launch_bounds__(kRowWarps * 32)
       logs = p <= FLT_MAX ? dm_log(p) : dm_log(p01) + dm_log(p23);
     }
     acc += static_cast<double>(lsum + logs);
+    magnitude += fabsf(lsum + logs);
     if (load % kGroup == kGroup - 1 || v0 + 128 >= v_end) {
       N += static_cast<double>(table_N);
       table_N = 0;
-      const int64_t warp_v = v0 - 128 * (load % kGroup);  // the group's first column
-      auto take = [&](int64_t vv) {
-        const float x = static_cast<float>(row[vv]), l = lrow[vv];
-        int m;
-        if (table_index(x, m)) {  // cancelled: the float64 value
-          acc += lnpoch_exact_refined(static_cast<double>(l), m);
-          return;
+      // The cancelling counts keep their float32 values where the error
+      // those can carry (with the earlier groups' kept ones) is at most
+      // 2^-22 of the row's magnitudes so far, the measure the row's accuracy
+      // is stated in (tests/reference.py magnitudes): for long rows of
+      // moderate terms nearly always. Else (rows of few or small terms)
+      // they are redone in float64 from log a, keeping their own relative
+      // accuracy. Error bound of a kept value, units of 2^-24 of 1: a from
+      // expf (2 ulp) also in every factor (a H(m - 1) times), 5 per factor
+      // pair, a p and the group's product, the log of a product near 1:
+      // under 3 m + 20.
+      const int cancels = static_cast<int>(
+          __reduce_add_sync(0xffffffffu, static_cast<unsigned>(__popc(cancel))));
+      if (cancels != 0) {
+        const float group_err = static_cast<float>(cancels * (3 * group_m + 20));
+        if (kept_err + group_err <= 4.0f * warp_allsum(magnitude)) {
+          kept_err += group_err;
+          acc += static_cast<double>(dm_log(cancel_prod));
+        } else {
+          slow |= cancel;
         }
-        if (!is_valid_count(x)) {
-          ok = false;
-          return;
-        }
-        N += static_cast<double>(row[vv]);
-        acc += static_cast<double>(lnpoch(dm_exp(l), l, x));
-        if (normalize) norm -= static_cast<double>(log_factorial(x));
-      };
-      // The warp's deferred counts, spread over its lanes: a lane's own
-      // marks would keep the warp for as many rounds as the lane with the
-      // most.
-      const int mine = __popc(slow);
-      const int end = warp_inclusive_scan(mine, lane);
-      const int total = __shfl_sync(0xffffffffu, end, 31);
-      uint16_t* q = queue[threadIdx.x >> 5];
-      const int group_off = 4 * lane;
-#pragma unroll 1
-      for (int i = end - mine; slow != 0; ++i) {
-        const int e = __ffs(static_cast<int>(slow)) - 1;
-        slow &= slow - 1;
-        q[i] = static_cast<uint16_t>(group_off + 128 * (e >> 2) + (e & 3));
       }
-      __syncwarp();
+      cancel = 0, cancel_prod = 1.0f, group_m = 0;
+      // The counts left (off the exact path, bad, cancelling and redone):
+      // queued in shared memory, then spread over the warp's lanes (a lane's
+      // own would keep the warp for as many rounds as the lane with the
+      // most: 416 vs 382 us; spread_marks, which hands each value back to
+      // its lane, was slower here: 529 vs 403 us with most counts
+      // cancelling and redone, log_alpha ~ U(-2, 0)).
+      if (__any_sync(0xffffffffu, slow != 0)) {
+        const int lane = threadIdx.x & 31;
+        const int64_t warp_v = v0 - 128 * (load % kGroup);  // the group's first column
+        auto take = [&](int64_t vv) {
+          const float x = static_cast<float>(row[vv]), l = lrow[vv];
+          int m;
+          if (table_index(x, m)) {  // cancelled: the float64 value (N and log n! taken)
+            acc += lnpoch_exact_refined(static_cast<double>(l), m);
+            return;
+          }
+          if (!is_valid_count(x)) {
+            ok = false;
+            return;
+          }
+          N += static_cast<double>(row[vv]);
+          acc += static_cast<double>(lnpoch(dm_exp(l), l, x));
+          if (normalize) norm -= static_cast<double>(log_factorial(x));
+        };
+        const int mine = __popc(slow);
+        const int end = warp_inclusive_scan(mine, lane);
+        const int total = __shfl_sync(0xffffffffu, end, 31);
+        uint16_t* q = queue[threadIdx.x >> 5];
+        const int group_off = 4 * lane;
 #pragma unroll 1
-      for (int i = lane; i < total; i += 32) take(warp_v + q[i]);
-      __syncwarp();  // the queue is reused by the next group
+        for (int i = end - mine; slow != 0; ++i) {
+          const int e = __ffs(static_cast<int>(slow)) - 1;
+          slow &= slow - 1;
+          q[i] = static_cast<uint16_t>(group_off + 128 * (e >> 2) + (e & 3));
+        }
+        __syncwarp();
+#pragma unroll 1
+        for (int i = lane; i < total; i += 32) take(warp_v + q[i]);
+        __syncwarp();  // the queue is reused by the next group
+      }
     }
   }
   write_per_sample_row(it, split, acc, N, norm, A, ok, normalize, out, partial);

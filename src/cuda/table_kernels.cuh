@@ -589,6 +589,17 @@ struct RareTerm {
   double lnpoch, n, norm;
 };
 
+__device__ __forceinline__ void add_rare_term(const RareTerm& t, bool normalize, double& s,
+                                              double& rare_N, double& norm, bool& ok) {
+  if (t.n != t.n) {  // a bad count
+    ok = false;
+    return;
+  }
+  rare_N += t.n;
+  s += t.lnpoch;
+  if (normalize) norm += t.norm;
+}
+
 // Non-integer, large or bad counts (add_table_terms's marks, the lane's
 // columns base + 128 (e / 4) + e % 4 for bit e, base = 4 lane + a
 // warp-uniform offset; row and cols at the chunk's first column: prepared
@@ -611,15 +622,7 @@ __device__ __forceinline__ void add_rare_terms(unsigned rare, const count_t* __r
                     static_cast<double>(row[v]),
                     normalize ? -static_cast<double>(log_factorial(x)) : 0.0};
   };
-  auto consume = [&](int, const RareTerm& t) {
-    if (t.n != t.n) {  // a bad count
-      ok = false;
-      return;
-    }
-    rare_N += t.n;
-    s += t.lnpoch;
-    if (normalize) norm += t.norm;
-  };
+  auto consume = [&](int, const RareTerm& t) { add_rare_term(t, normalize, s, rare_N, norm, ok); };
   spread_marks<RareTerm>(rare, compute, consume);
 }
 
