@@ -1,7 +1,8 @@
 """The CPU per-sample float32 forward, which on x86-64 CPUs with AVX2 and
 FMA takes eight counts at a time in blocks of 256 (src/cpu/per_sample_avx2.h)
-and leaves counts off the table, bad ones and cancelling terms to the scalar
-path: block and vector edges, every count dtype, concentrations from tiny
+and leaves counts off the table and bad ones to the scalar path, and
+cancelling terms too where the row's magnitudes cannot absorb their float32
+error: block and vector edges, every count dtype, concentrations from tiny
 (below exp's vector range) to scaled, the cancellation band, bad values."""
 import pytest
 import torch
@@ -38,6 +39,27 @@ def test_per_sample_blocks_match_float64(V, dtype, normalize):
     ref = log_lik_float64(counts, la, normalize)
     rows, _ = magnitudes(counts, la, normalize)
     assert ((out.double() - ref).abs() / rows.clamp_min(1.0)).max() < 2e-6
+
+
+@pytest.mark.parametrize("V", [2000, 20])
+@pytest.mark.parametrize("normalize", [False, True])
+def test_per_sample_cancelling_terms_match_float64(V, normalize):
+    # Counts 2 and 3 at a in (0.3, 1): nearly every term in the cancellation
+    # band (|lnpoch| < 1). Long rows (2000: eight blocks), a third of
+    # their columns large terms (counts 9..16 at log_alpha in (1, 3)): the
+    # cancelling terms keep their float32 values, whose error bound (2^-22 of
+    # the row's magnitudes) those terms absorb. Short rows (20), no large
+    # terms: nothing absorbs it, the cancelling terms are redone in float64.
+    B = 16
+    counts = torch.randint(2, 4, (B, V)).float()
+    la = torch.empty(B, V).uniform_(-1.2, 0.0)
+    if V > 20:
+        counts[:, ::3] = torch.randint(9, 17, counts[:, ::3].shape).float()
+        la[:, ::3] = torch.empty(la[:, ::3].shape).uniform_(1.0, 3.0)
+    out = dirmult_ext.log_lik(counts, la, normalize=normalize)
+    ref = log_lik_float64(counts, la, normalize)
+    rows, _ = magnitudes(counts, la, normalize)
+    assert ((out.double() - ref).abs() / rows).max() < 4e-7
 
 
 def test_per_sample_tiny_concentrations_match_float64():

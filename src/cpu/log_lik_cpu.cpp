@@ -336,9 +336,14 @@ const float* counts_as_float(const count_t* row, int64_t v, int m, float* buf) {
 }
 
 // One row piece of the per-sample float32 forward, eight counts at a time
-// (per_sample_avx2.h); the counts it leaves (off the table, bad, or
-// cancelling) take the scalar path's steps here. BENCHMARKS.md (CPU, eighth
-// session) has the measurements.
+// (per_sample_avx2.h); the counts it leaves (off the table or bad) take the
+// scalar path's steps here. The cancelling terms keep their float32 values
+// where the error bound of those kept stays within 2^-22 of the row piece's
+// magnitudes so far (the measure the row's accuracy is stated in,
+// tests/reference.py magnitudes), else they are redone in float64 (as the
+// scalar path does each): redoing all of them was most of the time at
+// log_alpha < 0 (BENCHMARKS.md, CPU, twelfth session; the CUDA kernel
+// decides the same way, forward_per_sample_float_kernel).
 template <typename count_t>
 RowSums per_sample_sums_avx2(const count_t* row, const float* lrow, int64_t v0, int64_t v1,
                              bool normalize) {
@@ -346,28 +351,35 @@ RowSums per_sample_sums_avx2(const count_t* row, const float* lrow, int64_t v0, 
   cpu::PerSampleBlockSums sums;
   RowSums r;
   float nbuf[kBlock];
-  uint16_t rest[kBlock];
+  uint16_t rest[kBlock], cancelling[kBlock];
+  float kept_err = 0.0f;
   for (int64_t v = v0; v < v1; v += kBlock) {
     const int m = static_cast<int>(std::min<int64_t>(kBlock, v1 - v));
     const float* n = counts_as_float(row, v, m, nbuf);
-    const int others = cpu::per_sample_block_avx2(lrow + v, n, m, normalize, sums, rest);
+    int cancels = 0;
+    const int others =
+        cpu::per_sample_block_avx2(lrow + v, n, m, normalize, sums, rest, cancelling, cancels);
+    if (cancels != 0) {
+      if (kept_err + sums.cancel_err <= 4.0 * sums.magnitude) {
+        kept_err += sums.cancel_err;
+        r.s += sums.cancel_s;
+      } else {
+        for (int j = 0; j < cancels; ++j) {  // the float64 value lnpoch takes after float32's
+          const int64_t u = v + cancelling[j];
+          r.s += static_cast<float>(
+              lnpoch_exact_refined(static_cast<double>(lrow[u]), static_cast<int>(row[u])));
+        }
+      }
+    }
     for (int j = 0; j < others; ++j) {  // as the scalar path (A is in sums)
       const int64_t u = v + rest[j];
       const float c = static_cast<float>(row[u]);
-      if (c == 0.0f) continue;
       if (!is_valid_count(c)) {
         r.ok = false;
         continue;
       }
       r.N += static_cast<double>(row[u]);
-      if (c >= 2.0f && c <= kMaxExactCount && c == std::floor(c) && lrow[u] < 0.0f) {
-        // A table count the blocks left: its term cancels (the float64 value
-        // that lnpoch would take after the float32 one).
-        r.s += static_cast<float>(
-            lnpoch_exact_refined(static_cast<double>(lrow[u]), static_cast<int>(c)));
-      } else {
-        r.s += lnpoch(dm_exp(lrow[u]), lrow[u], c);
-      }
+      r.s += lnpoch(dm_exp(lrow[u]), lrow[u], c);
       if (normalize) r.s -= log_factorial(c);
     }
   }

@@ -166,14 +166,17 @@ struct LogFactorials {
 }  // namespace
 
 DM_AVX2 int per_sample_block_avx2(const float* la, const float* n, int m, bool normalize,
-                                  PerSampleBlockSums& sums, uint16_t* rest) {
+                                  PerSampleBlockSums& sums, uint16_t* rest,
+                                  uint16_t* cancelling, int& num_cancelling) {
   static const LogFactorials log_fact;
   const __m256 zero = _mm256_setzero_ps(), one = _mm256_set1_ps(1.0f);
   __m256d s_lo = _mm256_setzero_pd(), s_hi = s_lo, a_lo = s_lo, a_hi = s_lo, f_lo = s_lo,
-          f_hi = s_lo;
+          f_hi = s_lo, c_lo = s_lo, c_hi = s_lo, g_lo = s_lo, g_hi = s_lo;
+  __m256 err = zero;
   __m256i counts = _mm256_setzero_si256();
   __m256 finite = zero;  // sum of log_alpha * 0: NaN once one is not finite
   int rests = 0;
+  num_cancelling = 0;
   for (int i0 = 0; i0 < m; i0 += 8) {
     // Lanes past m read 0 (a count 0: no term) and are masked out of A.
     __m256 in;
@@ -210,17 +213,36 @@ DM_AVX2 int per_sample_block_avx2(const float* la, const float* n, int m, bool n
     const __m256 kept = _mm256_and_ps(term, keep);
     s_lo = _mm256_add_pd(s_lo, low_pd(kept));
     s_hi = _mm256_add_pd(s_hi, high_pd(kept));
-    counts = _mm256_add_epi32(counts, _mm256_and_si256(mi, _mm256_castps_si256(keep)));
+    const __m256 kept_abs = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), kept);
+    g_lo = _mm256_add_pd(g_lo, low_pd(kept_abs));
+    g_hi = _mm256_add_pd(g_hi, high_pd(kept_abs));
+    // The cancelling terms' float32 values and their error bound (units of
+    // 2^-24 of 1): 2 per factor (its sum and product), a (exp8, 1.26 ulp)
+    // in the factors (a H(m - 1) times, a < 1), log8 (0.79 ulp) of log p <
+    // |log a| + 1, the sum: under 2 m + 11 + 2 |log a|.
+    const __m256 c_term = _mm256_and_ps(term, cancels);
+    c_lo = _mm256_add_pd(c_lo, low_pd(c_term));
+    c_hi = _mm256_add_pd(c_hi, high_pd(c_term));
+    const __m256 bound = _mm256_fmadd_ps(_mm256_set1_ps(2.0f), _mm256_sub_ps(mf, x),
+                                         _mm256_set1_ps(11.0f));
+    err = _mm256_add_ps(err, _mm256_and_ps(bound, cancels));
+    counts = _mm256_add_epi32(counts, _mm256_and_si256(mi, _mm256_castps_si256(hit)));
     if (normalize) {
-      const __m256 lf = _mm256_and_ps(_mm256_i32gather_ps(log_fact.v, mi, 4), keep);
+      const __m256 lf = _mm256_and_ps(_mm256_i32gather_ps(log_fact.v, mi, 4), hit);
       f_lo = _mm256_add_pd(f_lo, low_pd(lf));
       f_hi = _mm256_add_pd(f_hi, high_pd(lf));
     }
-    append_lanes(_mm256_movemask_ps(_mm256_andnot_ps(keep, in)), i0, rest, rests);
+    append_lanes(_mm256_movemask_ps(_mm256_andnot_ps(hit, in)), i0, rest, rests);
+    append_lanes(_mm256_movemask_ps(cancels), i0, cancelling, num_cancelling);
   }
   sums.s += hsum(_mm256_add_pd(s_lo, s_hi));
   sums.A += hsum(_mm256_add_pd(a_lo, a_hi));
   sums.norm += hsum(_mm256_add_pd(f_lo, f_hi));
+  sums.magnitude += hsum(_mm256_add_pd(g_lo, g_hi));
+  sums.cancel_s = hsum(_mm256_add_pd(c_lo, c_hi));
+  alignas(32) float eb[8];
+  _mm256_store_ps(eb, err);
+  sums.cancel_err = ((eb[0] + eb[1]) + (eb[2] + eb[3])) + ((eb[4] + eb[5]) + (eb[6] + eb[7]));
   alignas(32) int cb[8];
   _mm256_store_si256(reinterpret_cast<__m256i*>(cb), counts);
   for (int j = 0; j < 8; ++j) sums.N += cb[j];
