@@ -80,8 +80,9 @@ def test_terms_match_mpmath(device):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_chunked_count_terms_match_mpmath(device, dtype):
     """Integer counts just past the exact products' 16 (17 .. 129: the
-    chunked products, a log per 16 factors, up to kMaxChunkedCount, then the
-    general path) over alpha in [1e-6, 1e7], and alpha ~ 1e-14 where log a
+    chunked products, a log per 16 factors, up to kMaxChunkedCount for
+    lnpoch and kMaxChunkedAdpochCount for adpoch, then the general path)
+    over alpha in [1e-6, 1e7], and alpha ~ 1e-14 where log a
     cancels the log of the product: within 1e-6 (float32) or 1e-13 (float64)
     of the true value. (float64 takes no refinement where the terms cancel,
     as in the exact path: there its error is relative to |log a|.)"""

@@ -40,24 +40,27 @@ namespace dirmult {
 
 // Counts up to this value (integers) take the exact-product path.
 constexpr int kMaxExactCount = 16;
-// Integer counts above kMaxExactCount up to this one take the exact products
-// too, with a log per kMaxExactCount factors (lnpoch_chunked): about n
-// multiplications and n / 16 logs, against the general path's float64
-// shift recurrence and Stirling series. H200, 1% of the counts of 0..9 rows
-// moved into a range, GPU time per call (us) general -> chunked: tall
-// forward 312 -> 128 (17..24), 313 -> 167 (33..64), 311 -> 234 (65..128);
-// forward+backward 623 -> 228, 628 -> 324, 624 -> 470; per-sample
-// forward+backward 1493 -> 1061, 1492 -> 1283, but 1496 -> 1668 at 65..128
-// (its backward's inline adpoch, since spread over the warp like the table
-// kernels' off-table counts: 128 may pay there now, not measured), hence 64
-// on the GPU. A CPU core runs the
-// products' chain serially; there they win only for the smaller counts (one
-// core, lnpoch and adpoch of a term, ns: 17..24 57 vs 88, 25..32 65 vs 87,
-// 33..64 98 vs 119, 65..128 172 vs 121), hence 48.
+// Integer counts above kMaxExactCount up to these take the exact products
+// too, with a log (lnpoch_chunked) or a ratio (adpoch_chunked) per
+// kMaxExactCount factors: about n multiplications, against the general
+// path's float64 shift recurrence and Stirling series, whose cost does not
+// grow with n. H200, 1% of the counts of 0..9 rows moved into a range, GPU
+// time per call (us) general -> chunked: tall forward 312 -> 128 (17..24),
+// 313 -> 167 (33..64), 207 -> 176 (65..128, twelfth session: the off-table
+// counts spread over the warp since); wide forward 78 -> 71 (65..128);
+// tall forward+backward (the single pass) 623 -> 228, 628 -> 324, 368 ->
+// 330; but per-sample forward+backward 1131 -> 1267 at 65..128 (its
+// backward, adpoch alone), hence lnpoch to 128 and adpoch to 64 on the
+// GPU. A CPU core runs the products' chain serially; there they win only
+// for the smaller counts (one core, lnpoch and adpoch of a term, ns: 17..24
+// 57 vs 88, 25..32 65 vs 87, 33..64 98 vs 119, 65..128 172 vs 121), hence
+// 48 for both.
 #if defined(__CUDA_ARCH__)
-constexpr int kMaxChunkedCount = 64;
+constexpr int kMaxChunkedCount = 128;
+constexpr int kMaxChunkedAdpochCount = 64;
 #else
 constexpr int kMaxChunkedCount = 48;
+constexpr int kMaxChunkedAdpochCount = 48;
 #endif
 
 template <typename T>
@@ -297,15 +300,16 @@ DM_HOST_DEVICE T exact_run_value(const ExactRun<T>& run, const ExactFactors<T>& 
 }
 
 // ---------------------------------------------------------------------------
-// Chunked exact path: integer n in (kMaxExactCount, kMaxChunkedCount].
+// Chunked exact path: integer n in (kMaxExactCount, kMaxChunkedCount]
+// (lnpoch) or (kMaxExactCount, kMaxChunkedAdpochCount] (adpoch).
 // The factors of lnpoch_exact and adpoch_exact, kMaxExactCount at a time, so
 // that no product overflows (for a < kStirlingMin each factor is below
 // kStirlingMin + kMaxChunkedCount: 136^16 < 1.4e34; above it below 17), a
 // log (or a ratio q / p) per chunk. Out of line: counts off the tables.
 // ---------------------------------------------------------------------------
-template <typename T>
+template <int kMax, typename T>
 DM_HOST_DEVICE bool is_chunked_count(T n) {
-  return n <= T(kMaxChunkedCount) && n == dm_floor(n);
+  return n <= T(kMax) && n == dm_floor(n);
 }
 
 // Factors k and k + 1 of a chunk go to two products, so that the chain of
@@ -369,13 +373,15 @@ DM_HOST_DEVICE bool is_exact_count(T n) {
 // more registers around them: 48-byte spills in the per-sample forward).
 template <typename T>
 DM_RARE_PATH T lnpoch_off_exact(const ExactFactors<T>& f, T a, T log_a, T n) {
-  if (is_chunked_count(n)) return lnpoch_chunked(f, log_a, static_cast<int>(n));
+  if (is_chunked_count<kMaxChunkedCount>(n)) return lnpoch_chunked(f, log_a, static_cast<int>(n));
   return lnpoch_general(a, log_a, n);
 }
 
 template <typename T>
 DM_RARE_PATH T adpoch_off_exact(const ExactFactors<T>& f, T a, T n) {
-  if (is_chunked_count(n)) return adpoch_chunked(f, a, static_cast<int>(n));
+  if (is_chunked_count<kMaxChunkedAdpochCount>(n)) {
+    return adpoch_chunked(f, a, static_cast<int>(n));
+  }
   return adpoch_general(a, n);
 }
 
