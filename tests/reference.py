@@ -41,6 +41,21 @@ def components_float64(counts, log_alpha, normalize=False):
     return torch.stack([log_lik_float64(counts, la, normalize) for la in log_alpha], dim=-1)
 
 
+def cancelling_rows(B, V, with_large_terms):
+    """Per-sample rows whose terms mostly cancel: counts 2 and 3 at a in
+    (0.3, 1), nearly every lnpoch in (-1, 1). with_large_terms: a third of
+    the columns large terms instead (counts 9..16 at log_alpha in (1, 3)),
+    whose magnitudes absorb the float32 error of the cancelling ones (the
+    float32 paths keep those values); without, nothing does (the float32
+    paths redo them in float64)."""
+    counts = torch.randint(2, 4, (B, V)).float()
+    la = torch.empty(B, V).uniform_(-1.2, 0.0)
+    if with_large_terms:
+        counts[:, ::3] = torch.randint(9, 17, counts[:, ::3].shape).float()
+        la[:, ::3] = torch.empty(la[:, ::3].shape).uniform_(1.0, 3.0)
+    return counts, la
+
+
 def component_magnitudes(counts, log_alpha, normalize=False):
     """magnitudes' row sizes for each component: (B, K)."""
     return torch.stack([magnitudes(counts, la, normalize)[0] for la in log_alpha], dim=-1)

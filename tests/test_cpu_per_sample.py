@@ -9,7 +9,7 @@ import torch
 
 import dirmult_ext
 
-from reference import log_lik_float64, magnitudes
+from reference import cancelling_rows, log_lik_float64, magnitudes
 
 
 def mixed_counts(B, V, dtype):
@@ -44,18 +44,11 @@ def test_per_sample_blocks_match_float64(V, dtype, normalize):
 @pytest.mark.parametrize("V", [2000, 20])
 @pytest.mark.parametrize("normalize", [False, True])
 def test_per_sample_cancelling_terms_match_float64(V, normalize):
-    # Counts 2 and 3 at a in (0.3, 1): nearly every term in the cancellation
-    # band (|lnpoch| < 1). Long rows (2000: eight blocks), a third of
-    # their columns large terms (counts 9..16 at log_alpha in (1, 3)): the
-    # cancelling terms keep their float32 values, whose error bound (2^-22 of
-    # the row's magnitudes) those terms absorb. Short rows (20), no large
-    # terms: nothing absorbs it, the cancelling terms are redone in float64.
-    B = 16
-    counts = torch.randint(2, 4, (B, V)).float()
-    la = torch.empty(B, V).uniform_(-1.2, 0.0)
-    if V > 20:
-        counts[:, ::3] = torch.randint(9, 17, counts[:, ::3].shape).float()
-        la[:, ::3] = torch.empty(la[:, ::3].shape).uniform_(1.0, 3.0)
+    # Long rows (2000: eight blocks) keep their cancelling terms' float32
+    # values, whose error bound (2^-22 of the row's magnitudes) the large
+    # terms absorb; short ones (20) redo them in float64. Off by 1e-3 in
+    # either kind of value, the rows fail.
+    counts, la = cancelling_rows(16, V, with_large_terms=V > 20)
     out = dirmult_ext.log_lik(counts, la, normalize=normalize)
     ref = log_lik_float64(counts, la, normalize)
     rows, _ = magnitudes(counts, la, normalize)
