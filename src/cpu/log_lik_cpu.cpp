@@ -466,16 +466,16 @@ RowSums row_count_sums(const count_t* counts, const scalar_t* la, bool shared, i
   // rounding or so of the ordered sum.
   double s[4] = {0.0, 0.0, 0.0, 0.0};
   bool ok = true;
-  int64_t v = v0;
-  for (; v + 4 <= v1; v += 4) {
+  int64_t c = v0;
+  for (; c + 4 <= v1; c += 4) {
     for (int j = 0; j < 4; ++j) {
-      ok &= is_valid_count(static_cast<scalar_t>(row[v + j]));
-      s[j] += static_cast<double>(row[v + j]);
+      ok &= is_valid_count(static_cast<scalar_t>(row[c + j]));
+      s[j] += static_cast<double>(row[c + j]);
     }
   }
-  for (; v < v1; ++v) {
-    ok &= is_valid_count(static_cast<scalar_t>(row[v]));
-    s[0] += static_cast<double>(row[v]);
+  for (; c < v1; ++c) {
+    ok &= is_valid_count(static_cast<scalar_t>(row[c]));
+    s[0] += static_cast<double>(row[c]);
   }
   r.N = (s[0] + s[1]) + (s[2] + s[3]);
   r.ok = ok;
