@@ -3,7 +3,8 @@
 #   builds an sdist of the checkout, builds a wheel from that sdist against
 #   the machine's torch and installs it into a folder of its own (pip
 #   --target, put on PYTHONPATH; torch and the test tools are the machine's),
-#   then, against that installed wheel: the main job on CUDA, the whole test suite with CUDA,
+#   then, against that installed wheel: the main job on CUDA (and dm_log_normal's bits
+#   against logf, scripts/check_log_normal.cu), the whole test suite with CUDA,
 #   compute-sanitizer (memcheck and racecheck) on every kernel, the 2-GPU fit
 #   when two GPUs are present, the benchmark, and Nsight Compute on the hot
 #   kernels. Logs go to $OUT (default ./gpu_out).
@@ -67,6 +68,12 @@ fi
 export PYTHONPATH=$SITE DIRMULT_EXPECT_INSTALLED_IN=$SITE
 cd "$WORK" || exit 1
 has check && run_stage check check "$PY" -m dirmult_ext check --rows 65536 --categories 1024
+# dm_log_normal (math.h) is the toolkit's logf without its special cases:
+# the same bits for every normal float, or the table and math paths could
+# part.
+has check && run_stage check "dm_log_normal bits" bash -c "nvcc -std=c++17 -arch=sm_90 \
+  -I '$REPO/include' '$REPO/scripts/check_log_normal.cu' -o '$WORK/check_log_normal' \
+  && '$WORK/check_log_normal'"
 # Not in the default stages: torch 2.11 crashes on any error raised in a
 # stable-ABI kernel (docs/DEVELOPING.md); the probe shows which torch does.
 has probe && run_stage check "op error probe" "$PY" "$REPO/scripts/probe_op_errors.py"

@@ -360,7 +360,7 @@ RowSums per_sample_sums_avx2(const count_t* row, const float* lrow, int64_t v0, 
     const int others =
         cpu::per_sample_block_avx2(lrow + v, n, m, normalize, sums, rest, cancelling, cancels);
     if (cancels != 0) {
-      if (kept_err + sums.cancel_err <= 4.0 * sums.magnitude) {
+      if (kept_err + sums.cancel_err <= kKeptCancelErrorBudget * sums.magnitude) {
         kept_err += sums.cancel_err;
         r.s += sums.cancel_s;
       } else {

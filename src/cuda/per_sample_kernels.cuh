@@ -81,6 +81,8 @@ __global__ void __launch_bounds__(kRowWarps * 32)
   __syncthreads();
   const RowItem it = row_item(split, B, V);
   if (!it.valid) return;
+  // (The lane is read from threadIdx.x where used: a lane register held
+  // through the loop pushed A's float64 sum into a stack slot per load.)
   const int64_t v_begin = it.v_begin, v_end = it.v_end;
   const count_t* row = counts + it.b * V;
   const float* lrow = log_alpha + it.b * V;
@@ -168,7 +170,7 @@ __global__ void __launch_bounds__(kRowWarps * 32)
       // below 24, or below 3 scaled), so p01 and p23 are finite; their
       // product overflows only for large counts.
       const float p01 = t[0].p * t[1].p, p23 = t[2].p * t[3].p, p = p01 * p23;
-      logs = p <= FLT_MAX ? dm_log(p) : dm_log(p01) + dm_log(p23);
+      logs = p <= FLT_MAX ? dm_log_normal(p) : dm_log_normal(p01) + dm_log_normal(p23);
     }
     acc += static_cast<double>(lsum + logs);
     magnitude += fabsf(lsum + logs);
@@ -189,9 +191,9 @@ __global__ void __launch_bounds__(kRowWarps * 32)
           __reduce_add_sync(0xffffffffu, static_cast<unsigned>(__popc(cancel))));
       if (cancels != 0) {
         const float group_err = static_cast<float>(cancels * (3 * group_m + 20));
-        if (kept_err + group_err <= 4.0f * warp_allsum(magnitude)) {
+        if (kept_err + group_err <= kKeptCancelErrorBudget * warp_allsum(magnitude)) {
           kept_err += group_err;
-          acc += static_cast<double>(dm_log(cancel_prod));
+          acc += static_cast<double>(dm_log_normal(cancel_prod));
         } else {
           slow |= cancel;
         }
@@ -207,19 +209,16 @@ __global__ void __launch_bounds__(kRowWarps * 32)
         const int lane = threadIdx.x & 31;
         const int64_t warp_v = v0 - 128 * (load % kGroup);  // the group's first column
         auto take = [&](int64_t vv) {
-          const float x = static_cast<float>(row[vv]), l = lrow[vv];
+          const float l = lrow[vv];
           int m;
-          if (table_index(x, m)) {  // cancelled: the float64 value (N and log n! taken)
+          if (table_index(static_cast<float>(row[vv]), m)) {
+            // cancelling and redone: the float64 value (N and log n! taken)
             acc += lnpoch_exact_refined(static_cast<double>(l), m);
             return;
           }
-          if (!is_valid_count(x)) {
-            ok = false;
-            return;
-          }
-          N += static_cast<double>(row[vv]);
-          acc += static_cast<double>(lnpoch(dm_exp(l), l, x));
-          if (normalize) norm -= static_cast<double>(log_factorial(x));
+          add_rare_term(rare_term(row[vv], normalize,
+                                  [&](float x) { return lnpoch(dm_exp(l), l, x); }),
+                        normalize, acc, N, norm, ok);
         };
         const int mine = __popc(slow);
         const int end = warp_inclusive_scan(mine, lane);

@@ -589,6 +589,16 @@ struct RareTerm {
   double lnpoch, n, norm;
 };
 
+// The RareTerm of count c; lnpoch_of(x) gives its term at x = float(c),
+// called only for a valid count.
+template <typename count_t, typename LnPoch>
+__device__ __forceinline__ RareTerm rare_term(count_t c, bool normalize, LnPoch lnpoch_of) {
+  const float x = static_cast<float>(c);
+  if (!is_valid_count(x)) return RareTerm{0.0, NAN, 0.0};
+  return RareTerm{static_cast<double>(lnpoch_of(x)), static_cast<double>(c),
+                  normalize ? -static_cast<double>(log_factorial(x)) : 0.0};
+}
+
 __device__ __forceinline__ void add_rare_term(const RareTerm& t, bool normalize, double& s,
                                               double& rare_N, double& norm, bool& ok) {
   if (t.n != t.n) {  // a bad count
@@ -615,12 +625,10 @@ __device__ __forceinline__ void add_rare_terms(unsigned rare, const count_t* __r
   const int lane = threadIdx.x & 31;
   auto compute = [&](int owner, int e) {
     const int v = base + 4 * (owner - lane) + 128 * (e >> 2) + (e & 3);
-    const float x = static_cast<float>(row[v]);
-    if (!is_valid_count(x)) return RareTerm{0.0, NAN, 0.0};
-    const ColumnAlpha<float> col = cols[v];
-    return RareTerm{static_cast<double>(lnpoch(col.factors(), col.a, col.log_a, x)),
-                    static_cast<double>(row[v]),
-                    normalize ? -static_cast<double>(log_factorial(x)) : 0.0};
+    return rare_term(row[v], normalize, [&](float x) {
+      const ColumnAlpha<float> col = cols[v];
+      return lnpoch(col.factors(), col.a, col.log_a, x);
+    });
   };
   auto consume = [&](int, const RareTerm& t) { add_rare_term(t, normalize, s, rare_N, norm, ok); };
   spread_marks<RareTerm>(rare, compute, consume);
