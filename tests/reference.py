@@ -76,3 +76,17 @@ def mp_lnpoch(a, n):
 def mp_adpoch(a, n):
     a, n = _mpf(a), _mpf(n)
     return a * (mpmath.digamma(a + n) - mpmath.digamma(a))
+
+
+def per_sample_grad_error(grad, counts, log_alpha, weights):
+    """The largest error of the gradient of sum_b w_b out_b with respect to
+    per-sample log_alpha (B, V), each element relative to its own terms:
+    |w_b| (|a dpoch(a, n)| + |a dpoch(A, N)|)."""
+    n, a = counts.double().cpu(), log_alpha.detach().double().cpu().exp()
+    w = weights.double().cpu()[:, None]
+    A, N = a.sum(-1, keepdim=True), n.sum(-1, keepdim=True)
+    adp = a * (torch.digamma(n + a) - torch.digamma(a))
+    adA = a * (torch.digamma(N + A) - torch.digamma(A))
+    ref = w * (adp - adA)
+    scale = w.abs() * (adp.abs() + adA.abs())
+    return ((grad.double().cpu() - ref).abs() / scale.clamp_min(1e-30)).max().item()
