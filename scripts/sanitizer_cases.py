@@ -59,7 +59,9 @@ def forward_case(B, V, dtype=torch.float32, off_table=0.0):
 
 if __name__ == "__main__":
     case(37, 256)                   # one-launch small forward; table single pass
-    case(40, 1000)                  # small forward, four alpha slices in shared memory
+    case(40, 1000, torch.float64)   # small forward, four alpha slices in shared memory
+    case(40, 1000)                  # table path (float32 rows past 256 columns)
+    case(1, 5000)                   # table path from one row: the blocks fill their slices
     case(600, 700)                  # table path, chunk shorter than the table slice
     case(300, 1024)                 # table path, one whole chunk, fill a thread per entry
     case(70, 5000)                  # table path, five chunks, fill a thread per column
@@ -87,7 +89,8 @@ if __name__ == "__main__":
     forward_case(36, 210001, torch.int64)  # a block per chunk fills its own slice, one row
                                     # in flight per warp (8-byte counts, scalar loads)
     case(5, 301)                    # scalar loads (V % 4 != 0)
-    case(3, 9000)                   # split rows
+    case(3, 9000)                   # few rows over many chunks (table path)
+    case(3, 9000, torch.float64)    # split rows (math path)
     case(20, 64, torch.uint8)
     case(11, 130, torch.float64, shared=False)
     case(9, 2100, shared=False)     # per-sample, split rows
@@ -95,7 +98,7 @@ if __name__ == "__main__":
     case(9, 2101, torch.uint8, shared=False)      # per-sample float32 kernels, scalar loads
     case(13, 70, shared=False, counts_grad=True)  # per-sample with the counts gradient
     case(13, 70, counts_grad=True)
-    case(17, 1500, K=5)             # components, two column chunks
+    case(17, 1500, K=5)             # components: tables forward, math path backward (< 32 rows)
     case(40, 1030, K=3)             # component tables, K <= 4, ragged slices
     case(40, 5001, K=3)             # component tables, fill a thread per column, last warp ragged
     case(33, 301, K=7)              # component tables, K <= 8, scalar loads

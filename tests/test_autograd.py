@@ -115,7 +115,7 @@ def test_eager_fast_path_matches_registered_op(device, dtype, counts_grad):
     # except where the eager path takes the single pass (log_lik_with_grad:
     # CUDA float32 from 32 rows, only log_alpha needing a gradient), whose
     # forward sums each row in another order than the forward kernel (here
-    # the one-launch small-problem kernel): there, float32 rounding apart.
+    # the table forward kernel): there, float32 rounding apart.
     counts, la = _inputs(device, B=40, V=300, frac=counts_grad)
     counts, la = counts.to(dtype).requires_grad_(counts_grad), la.detach().to(dtype)
     upstream = torch.randn(40, dtype=dtype, device=device)

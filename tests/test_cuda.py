@@ -5,8 +5,8 @@ import torch
 
 import dirmult_ext
 
-from reference import (cancelling_rows, components_float64, log_lik_float64, magnitudes,
-                       per_sample_grad_error)
+from reference import (cancelling_rows, component_magnitudes, components_float64,
+                       log_lik_float64, magnitudes, per_sample_grad_error)
 from test_values import random_counts
 
 pytestmark = [
@@ -255,8 +255,8 @@ def test_ring_forward_matches_float64(shape):
 # per warp (prep_and_table_kernel): log_alpha mostly in the cancellation band
 # (a < 1) with every count 0..16, some a >= 8 (scaled factors). 40x210001:
 # the forward's blocks fill their own table slices (fill_table_in_block: one
-# block per chunk), the same entries and refinements; 24 rows are below the
-# table paths' minimum (the math path). A ragged last chunk, counts off the
+# block per chunk), the same entries and refinements; 24 rows as many (the
+# tables serve float32 from one row). A ragged last chunk, counts off the
 # table, a bad row; the single pass's two tables (lnpoch, alpha dpoch)
 # through the gradient.
 @pytest.mark.parametrize("shape", [(24, 210001), (40, 210001), (40, 9000)])
@@ -392,10 +392,12 @@ def test_component_table_fill_ragged_warp_matches_float64():
 
 
 # One launch for small problems (forward_small_kernel: B * V <= 2**18 and
-# V <= 1024), the table path past either limit; the float64 reference on
-# both sides of each, every count dtype, normalized or not.
-@pytest.mark.parametrize("shape", [(1, 5), (31, 1024), (256, 1024), (257, 1024), (300, 1025),
-                                   (512, 256), (4096, 64), (4097, 64)])
+# V <= 256 for float32 log_alpha, 1024 for float64), the table path past
+# either limit; the float64 reference on both sides of each, every count
+# dtype, normalized or not.
+@pytest.mark.parametrize("shape", [(1, 5), (1, 256), (1, 257), (31, 1024), (256, 1024),
+                                   (257, 1024), (300, 1025), (512, 256), (1024, 256),
+                                   (1025, 256), (4096, 64), (4097, 64)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int32, torch.uint8])
 def test_small_and_table_forward_paths_match_float64(shape, dtype):
     counts = random_counts(shape, torch.float32, "cpu", zero_frac=0.3)
@@ -411,15 +413,56 @@ def test_small_and_table_forward_paths_match_float64(shape, dtype):
 
 
 def test_small_forward_bad_inputs_give_nan():
-    counts = random_counts((40, 300), torch.float32, "cuda")
+    counts = random_counts((40, 250), torch.float32, "cuda")
     counts[3, 7] = -1.0
     counts[5, 2] = float("nan")
-    la = torch.randn(300, device="cuda")
+    la = torch.randn(250, device="cuda")
     out = torch.ops.dirmult.log_lik(counts, la, False)
     nan = torch.isnan(out).cpu()
     assert nan[3] and nan[5] and int(nan.sum()) == 2
     la[11] = float("inf")
     assert torch.isnan(torch.ops.dirmult.log_lik(counts, la, False)).all()
+
+
+# Float32 tables from one row (use_tables): few rows over one chunk (the
+# global table), a few chunks and many (the forward's blocks fill their own
+# slices, a ragged last one) take the table forward, the column backward
+# (a weighted sum) and the components' table forward, whose backward keeps
+# the math path below kComponentBackwardTableMinRows rows. Counts off the
+# table, a bad row, normalized or not; the float64 reference.
+@pytest.mark.parametrize("B", [1, 3, 31])
+@pytest.mark.parametrize("V", [300, 5000, 70001])
+def test_few_row_table_paths_match_float64(B, V):
+    counts = random_counts((B, V), torch.float32, "cpu", zero_frac=0.3)
+    counts[0, 1], counts[B - 1, V - 1] = 23.0, 2.5  # off the table
+    la = torch.empty(V).uniform_(-2.5, 3.0)
+    for normalize in (False, True):
+        out = dirmult_ext.log_lik(counts.cuda(), la.cuda(), normalize=normalize).cpu()
+        ref = log_lik_float64(counts, la, normalize)
+        rows, _ = magnitudes(counts, la, normalize)
+        assert ((out.double() - ref).abs() / rows.clamp_min(1.0)).max() < 2e-6
+    bad = counts.clone()
+    bad[B // 2, 7] = -1.0
+    nan = torch.isnan(dirmult_ext.log_lik(bad.cuda(), la.cuda())).cpu()
+    assert nan[B // 2] and int(nan.sum()) == 1
+    w = torch.rand(B, dtype=torch.float64)
+    lg = la.cuda().requires_grad_()
+    g, = torch.autograd.grad((dirmult_ext.log_lik(counts.cuda(), lg) * w.float().cuda()).sum(), lg)
+    l64 = la.double().requires_grad_()
+    g64, = torch.autograd.grad((log_lik_float64(counts, l64) * w).sum(), l64)
+    _, cols = magnitudes(counts, la)
+    assert ((g.double().cpu() - g64).abs() / cols.clamp_min(1.0)).max() < 1e-5
+    lak = torch.stack([la, la.flip(0), la * 0.5])
+    outk = dirmult_ext.log_lik_components(counts.cuda(), lak.cuda()).cpu()
+    refk = components_float64(counts, lak)
+    scale = component_magnitudes(counts, lak).clamp_min(1.0)
+    assert ((outk.double() - refk).abs() / scale).max() < 2e-6
+    lkg = lak.cuda().requires_grad_()
+    gk, = torch.autograd.grad(dirmult_ext.log_lik_components(counts.cuda(), lkg).sum(), lkg)
+    lk64 = lak.double().requires_grad_()
+    gk64, = torch.autograd.grad(components_float64(counts, lk64).sum(), lk64)
+    colsk = torch.stack([magnitudes(counts, l)[1] for l in lak])
+    assert ((gk.double().cpu() - gk64).abs() / colsk.clamp_min(1.0)).max() < 1e-5
 
 
 # table_index decides by float adds whether a count is an integer in

@@ -142,27 +142,22 @@ void launch_backward_per_sample_float(const Tensor& grad, const Tensor& counts,
   DM_CUDA_CHECK_LAUNCH();
 }
 
-// Shared alpha: the table path where it applies, else the math path.
+// Shared alpha: the table path (float32, use_tables: from one row), else
+// the math path (float64).
 template <typename scalar_t, typename count_t>
 void launch_backward_shared(const Tensor& grad, const Tensor& counts, const Tensor& log_alpha,
                             int64_t B, int64_t V, scalar_t* grad_la, cudaStream_t stream) {
-  if constexpr (std::is_same_v<scalar_t, float>) {
-    if (use_tables<scalar_t>(B)) {
-      launch_backward_columns<float, count_t, 1, true>(grad, counts, log_alpha, B, V, 1, grad_la,
-                                                       stream);
-      return;
-    }
-  }
-  launch_backward_columns<scalar_t, count_t, 1, false>(grad, counts, log_alpha, B, V, 1, grad_la,
-                                                       stream);
+  constexpr bool kTables = use_tables<scalar_t>();
+  launch_backward_columns<scalar_t, count_t, 1, kTables>(grad, counts, log_alpha, B, V, 1, grad_la,
+                                                         stream);
 }
 
 template <typename scalar_t, typename count_t>
 void launch_components_backward(const Tensor& grad, const Tensor& counts, const Tensor& log_alpha,
                                 int64_t B, int64_t V, int K, scalar_t* grad_la,
                                 cudaStream_t stream) {
-  if constexpr (std::is_same_v<scalar_t, float>) {
-    if (use_tables<scalar_t>(B)) {
+  if constexpr (use_tables<scalar_t>()) {
+    if (B >= kComponentBackwardTableMinRows) {
       with_component_block(K, [&](auto kb) {
         launch_components_backward_table<count_t, decltype(kb)::value>(grad, counts, log_alpha, B,
                                                                        V, K, grad_la, stream);

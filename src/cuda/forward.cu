@@ -312,38 +312,32 @@ void launch_forward_small(const Tensor& counts, const Tensor& log_alpha, int64_t
   DM_CUDA_CHECK_LAUNCH();
 }
 
-// Shared alpha: one launch for small problems, the table path where it
-// applies, else the math path.
+// Shared alpha: one launch for small problems, else the table path
+// (float32, use_tables: from one row) or the math path (float64).
 template <typename scalar_t, typename count_t>
 void launch_forward_shared(const Tensor& counts, const Tensor& log_alpha, int64_t B, int64_t V,
                            bool normalize, scalar_t* out, cudaStream_t stream) {
-  if (forward_small_applies(B, V)) {
+  if (forward_small_applies<scalar_t>(B, V)) {
     launch_forward_small<scalar_t, count_t>(counts, log_alpha, B, V, normalize, out, stream);
-    return;
+  } else if constexpr (use_tables<scalar_t>()) {
+    launch_forward_table<count_t>(counts, log_alpha, B, V, normalize, out, stream);
+  } else {
+    launch_forward_rows<scalar_t, count_t, 1>(counts, log_alpha, B, V, 1, normalize, out, stream);
   }
-  if constexpr (std::is_same_v<scalar_t, float>) {
-    if (use_tables<scalar_t>(B)) {
-      launch_forward_table<count_t>(counts, log_alpha, B, V, normalize, out, stream);
-      return;
-    }
-  }
-  launch_forward_rows<scalar_t, count_t, 1>(counts, log_alpha, B, V, 1, normalize, out, stream);
 }
 
 template <typename scalar_t, typename count_t>
 void launch_forward_components(const Tensor& counts, const Tensor& log_alpha, int64_t B, int64_t V,
                                int K, bool normalize, scalar_t* out, cudaStream_t stream) {
-  if constexpr (std::is_same_v<scalar_t, float>) {
-    if (use_tables<scalar_t>(B)) {
-      with_component_block(K, [&](auto kb) {
-        launch_components_table<count_t, decltype(kb)::value>(counts, log_alpha, B, V, K,
-                                                              normalize, out, stream);
-      });
-      return;
-    }
+  if constexpr (use_tables<scalar_t>()) {
+    with_component_block(K, [&](auto kb) {
+      launch_components_table<count_t, decltype(kb)::value>(counts, log_alpha, B, V, K, normalize,
+                                                            out, stream);
+    });
+  } else {
+    launch_forward_rows<scalar_t, count_t, kComponentBlock>(counts, log_alpha, B, V, K, normalize,
+                                                            out, stream);
   }
-  launch_forward_rows<scalar_t, count_t, kComponentBlock>(counts, log_alpha, B, V, K, normalize,
-                                                          out, stream);
 }
 
 }  // namespace

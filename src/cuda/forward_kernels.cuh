@@ -170,11 +170,24 @@ __global__ void __launch_bounds__(kRowWarps * 32)
 // each). Every block prepares alpha into shared memory itself, exactly as
 // alpha_prep_kernel would (the same A, bit for bit), then a warp per row.
 constexpr int64_t kSmallMaxElements = int64_t{1} << 18;
+// Its rows are a warp each on the math path, whose time grows with the
+// row's length (a lane's counts one after the other, each to the warp's
+// slowest). Float32 rows longer than kSmallMaxFloatColumns take the
+// tables, one more launch and a scratch allocation: GPU time per call,
+// small kernel -> tables (fourteenth session), 1x256 9.7 -> 6.1 us,
+// 512x256 10.6 -> 7.5, 8x512 17.8 -> 6.5, 64x1000 33.6 -> 6.9 (they took
+// the small kernel up to 1024 columns before); up to 256 columns the one
+// launch keeps the host time of small calls (the seed shape). Float64 has
+// no tables: the math path either way.
 constexpr int64_t kSmallMaxColumns = 1024;  // one chunk per row
+constexpr int64_t kSmallMaxFloatColumns = 256;
 static_assert(kRowWarps * 32 == kPrepThreads, "prep_alpha_slice's reduction order needs its block size");
 
-inline bool forward_small_applies(int64_t B, int64_t V) {
-  return V <= kSmallMaxColumns && B * V <= kSmallMaxElements && split_rows(B, V).num_chunks == 1;
+template <typename scalar_t>
+bool forward_small_applies(int64_t B, int64_t V) {
+  const int64_t max_columns =
+      std::is_same_v<scalar_t, float> ? kSmallMaxFloatColumns : kSmallMaxColumns;
+  return V <= max_columns && B * V <= kSmallMaxElements;
 }
 
 template <typename scalar_t>

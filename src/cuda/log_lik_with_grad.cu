@@ -12,6 +12,11 @@ namespace {
 // and sparse (BENCHMARKS.md, fourth session).
 constexpr int kWithGradGroups = 2;
 
+// Fewer rows take the forward and the backward (both on their tables from
+// one row), as the Python API does (_SINGLE_PASS_MIN_ROWS_CUDA in
+// python/dirmult_ext/_ops.py): the single pass was not measured below.
+constexpr int64_t kSinglePassMinRows = 32;
+
 template <typename count_t>
 void launch_with_grad(const Tensor& counts, const Tensor& log_alpha, int64_t B, int64_t V,
                       bool normalize, float* out, float* grad_la, cudaStream_t stream) {
@@ -53,7 +58,7 @@ std::tuple<Tensor, Tensor> log_lik_with_grad_cuda(Tensor counts, Tensor log_alph
   torch::stable::accelerator::DeviceGuard guard(counts.get_device_index());
   const int64_t V = counts.size(counts.dim() - 1);
   const int64_t B = num_rows(counts);
-  if (log_alpha.scalar_type() != ScalarType::Float || V == 0 || !use_tables<float>(B)) {
+  if (log_alpha.scalar_type() != ScalarType::Float || V == 0 || B < kSinglePassMinRows) {
     auto backward = [](Tensor g, Tensor c, Tensor la, bool norm, bool cg) {
       return log_lik_backward_cuda(g, c, la, norm, cg);
     };

@@ -28,16 +28,25 @@ constexpr size_t kTableSmemBytes = kTableChunk * kTableWidth * sizeof(float);
 // every column a lane touches is inside the chunk's table slice.
 static_assert(kTableUnroll * 128 == kTableChunk, "a warp's unrolled loads span one chunk");
 
-// Rows from which the tables pay for themselves: an entry costs about one
-// direct evaluation, and is used by about B / kTableWidth rows.
-constexpr int64_t kTableMinRows = 32;
-
 // The table paths are float32 only (a float64 table would not fit the
-// shared memory of a 1024-column block) and need enough rows to pay for the
-// table.
+// shared memory of a 1024-column block). On the GPU they pay from one row,
+// though an entry costs about one direct evaluation and is used by about
+// B / kTableWidth rows: the math path runs each warp's lanes in lockstep
+// through the longest product, its log and the float64 redo of any
+// cancelling term, a row per warp, latency-bound with few rows, where a
+// table entry is ~40 branch-free instructions filled by a thread per
+// column. GPU time per call (fourteenth session, BENCHMARKS.md), math path
+// -> tables: forward 1x262144 39.8 -> 18.6 us, 31x262144 128.6 -> 25.6,
+// 8x2048 35.0 -> 11.9; forward+backward 31x262144 308.3 -> 71.1, 8x300
+// 44.6 -> 30.3. (They were taken from 32 rows before.) Except the
+// components' backward: its two tables over K V columns, filled before
+// its column pass, cost more than few rows' math path (K = 4, 1x50000:
+// ~201 vs ~35 us), so it takes them from kComponentBackwardTableMinRows.
+constexpr int64_t kComponentBackwardTableMinRows = 32;
+
 template <typename scalar_t>
-bool use_tables(int64_t B) {
-  return std::is_same_v<scalar_t, float> && B >= kTableMinRows;
+constexpr bool use_tables() {
+  return std::is_same_v<scalar_t, float>;
 }
 
 // Raises a table kernel's dynamic shared-memory limit to `bytes`, once per

@@ -100,19 +100,15 @@ __global__ void __launch_bounds__(kColThreads * kGroups, 1)
         double l, cnt, d;
       };
       auto compute = [&](int owner, int e) {
-        const int i = e >> 2, j = e & 3;
-        const int64_t v = 4 * (owner - lane) + j;  // the owner's column, from v0
-        const count_t c = base[(b0 + i) * V + v];
-        const float x = static_cast<float>(c);
-        Term r{NAN, NAN, 0.0};
-        if (is_valid_count(x)) {
+        const int64_t v = 4 * (owner - lane) + (e & 3);  // the owner's column, from v0
+        double d = 0.0;
+        const RareTerm r = rare_term(base[(b0 + (e >> 2)) * V + v], normalize, [&](float x) {
           const ColumnAlpha<float> cl = cols[v0 + v];
-          r.l = static_cast<double>(lnpoch(cl.factors(), cl.a, cl.log_a, x));
-          if (normalize) r.l -= static_cast<double>(log_factorial(x));
-          r.cnt = static_cast<double>(c);  // exact, float64 counts included
-          r.d = static_cast<double>(adpoch(cl.factors(), cl.a, x));
-        }
-        return r;
+          d = static_cast<double>(adpoch(cl.factors(), cl.a, x));
+          return lnpoch(cl.factors(), cl.a, cl.log_a, x);
+        });
+        // (A bad count: its n is NaN, and its l too.)
+        return Term{r.n == r.n ? r.lnpoch + r.norm : NAN, r.n, d};
       };
       auto consume = [&](int e, const Term& r) {
         const int i = e >> 2, j = e & 3;
