@@ -22,6 +22,18 @@ def _fwd_bwd(counts, la):
     return out, g
 
 
+def _assert_forward_matches_float64(counts, la, tol=2e-6):
+    """The CUDA forward of CPU counts and shared log_alpha, normalized and
+    not, within tol of the float64 reference relative to the rows'
+    magnitudes."""
+    for normalize in (False, True):
+        with torch.no_grad():
+            out = dirmult_ext.log_lik(counts.cuda(), la.cuda(), normalize=normalize).cpu()
+        ref = log_lik_float64(counts, la, normalize)
+        rows, _ = magnitudes(counts, la, normalize)
+        assert ((out.double() - ref).abs() / rows.clamp_min(1.0)).max() < tol
+
+
 def test_no_host_synchronization():
     counts = random_counts((300, 3000), torch.float32, "cuda")
     la = torch.randn(3000, device="cuda", requires_grad=True)
@@ -298,11 +310,7 @@ def test_in_block_table_fill_forward_matches_float64(dtype, V):
     counts[B - 1, V - 1] = 200.0
     counts = counts.to(dtype)
     la = torch.empty(V).uniform_(-3.0, 2.0)
-    for normalize in (False, True):
-        out = dirmult_ext.log_lik(counts.cuda(), la.cuda(), normalize=normalize).cpu()
-        ref = log_lik_float64(counts, la, normalize)
-        rows, _ = magnitudes(counts, la, normalize)
-        assert ((out.double() - ref).abs() / rows.clamp_min(1.0)).max() < 2e-6
+    _assert_forward_matches_float64(counts, la)
     if dtype != torch.uint8:  # the raw op: a bad count makes its row NaN
         bad = counts.clone()
         bad[5, V // 2] = -1
@@ -327,12 +335,7 @@ def test_fill_ring_forward_matches_float64(shape):
     counts[B - 1, V - 1] = 0.5
     counts[B // 2, V // 2] = 1000.0
     la = torch.empty(V).uniform_(-2.5, 3.0)
-    for normalize in (False, True):
-        with torch.no_grad():
-            out = dirmult_ext.log_lik(counts.cuda(), la.cuda(), normalize=normalize).cpu()
-        ref = log_lik_float64(counts, la, normalize)
-        rows, _ = magnitudes(counts, la, normalize)
-        assert ((out.double() - ref).abs() / rows.clamp_min(1.0)).max() < 2e-6
+    _assert_forward_matches_float64(counts, la)
 
 
 # Many counts off the table (a third of them: every lane has several, a warp
@@ -404,12 +407,7 @@ def test_small_and_table_forward_paths_match_float64(shape, dtype):
     counts[0, 0] = 23.0  # off the table (the math path's general branch)
     counts = counts.to(dtype)
     la = torch.empty(shape[1]).uniform_(-3, 4)
-    for normalize in (False, True):
-        out = dirmult_ext.log_lik(counts.cuda(), la.cuda(), normalize=normalize).cpu()
-        ref = log_lik_float64(counts, la, normalize)
-        rows, _ = magnitudes(counts, la, normalize)
-        tol = 1e-12 if dtype == torch.float64 else 2e-6
-        assert ((out.double() - ref).abs() / rows.clamp_min(1.0)).max() < tol
+    _assert_forward_matches_float64(counts, la, 1e-12 if dtype == torch.float64 else 2e-6)
 
 
 def test_small_forward_bad_inputs_give_nan():
@@ -436,11 +434,7 @@ def test_few_row_table_paths_match_float64(B, V):
     counts = random_counts((B, V), torch.float32, "cpu", zero_frac=0.3)
     counts[0, 1], counts[B - 1, V - 1] = 23.0, 2.5  # off the table
     la = torch.empty(V).uniform_(-2.5, 3.0)
-    for normalize in (False, True):
-        out = dirmult_ext.log_lik(counts.cuda(), la.cuda(), normalize=normalize).cpu()
-        ref = log_lik_float64(counts, la, normalize)
-        rows, _ = magnitudes(counts, la, normalize)
-        assert ((out.double() - ref).abs() / rows.clamp_min(1.0)).max() < 2e-6
+    _assert_forward_matches_float64(counts, la)
     bad = counts.clone()
     bad[B // 2, 7] = -1.0
     nan = torch.isnan(dirmult_ext.log_lik(bad.cuda(), la.cuda())).cpu()
