@@ -174,11 +174,12 @@ constexpr int64_t kSmallMaxElements = int64_t{1} << 18;
 // row's length (a lane's counts one after the other, each to the warp's
 // slowest). Float32 rows longer than kSmallMaxFloatColumns take the
 // tables, one more launch and a scratch allocation: GPU time per call,
-// small kernel -> tables (fourteenth session), 1x256 9.7 -> 6.1 us,
-// 512x256 10.6 -> 7.5, 8x512 17.8 -> 6.5, 64x1000 33.6 -> 6.9 (they took
-// the small kernel up to 1024 columns before); up to 256 columns the one
-// launch keeps the host time of small calls (the seed shape). Float64 has
-// no tables: the math path either way.
+// small kernel -> tables (fourteenth session, BENCHMARKS.md), 8x512 17.8
+// -> 6.5 us, 64x1000 33.6 -> 6.9 (they took the small kernel up to 1024
+// columns before). Up to 256 columns the one launch stays for the host
+// time of small calls (the seed shape's target), though the tables' GPU
+// time is less there too (1x256 9.7 vs 6.1 us, 512x256 10.6 vs 7.5).
+// Float64 has no tables: the math path either way.
 constexpr int64_t kSmallMaxColumns = 1024;  // one chunk per row
 constexpr int64_t kSmallMaxFloatColumns = 256;
 static_assert(kRowWarps * 32 == kPrepThreads, "prep_alpha_slice's reduction order needs its block size");
