@@ -113,7 +113,7 @@ def test_eager_fast_path_matches_registered_op(device, dtype, counts_grad):
     # The Python API's eager path (its own autograd.Function) and the op's
     # registered autograd formula must be the same numbers, bit for bit --
     # except where the eager path takes the single pass (log_lik_with_grad:
-    # CUDA float32 from 32 rows, only log_alpha needing a gradient), whose
+    # CUDA float32 from one row, only log_alpha needing a gradient), whose
     # forward sums each row in another order than the forward kernel (here
     # the table forward kernel): there, float32 rounding apart.
     counts, la = _inputs(device, B=40, V=300, frac=counts_grad)

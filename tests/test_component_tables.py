@@ -1,5 +1,5 @@
-"""log_lik_components on the lookup-table path (float32, B >= 32 rows):
-every component block size (K up to 4, up to 8, up to 16, and more than 16,
+"""log_lik_components on the lookup-table path (float32; the backward's from
+32 rows): every component block size (K up to 4, up to 8, up to 16, and more than 16,
 which takes several passes), several column slices with a ragged end, counts
 off the table (large and non-integer), bad counts and concentrations."""
 import pytest

@@ -46,11 +46,12 @@ def _mixed_counts(B, V, device, dtype):
     return counts.to(dtype=dtype, device=device)
 
 
-# Shapes around the CUDA kernel's limits: fewer rows than the single pass
-# serves (op falls back), one row batch, column counts that are not a
-# multiple of 4 or of the 1024-column chunk, several chunks, rows tiled.
-@pytest.mark.parametrize("B,V", [(5, 33), (40, 7), (64, 1024), (333, 1031), (97, 2500),
-                                 (2100, 130)])
+# Shapes around the kernels' limits: one row and a few (the CPU op falls
+# back to a forward and a backward below 64 rows), one row batch, column
+# counts that are not a multiple of 4 or of the 1024-column chunk, several
+# chunks, rows tiled.
+@pytest.mark.parametrize("B,V", [(1, 2051), (5, 33), (40, 7), (64, 1024), (333, 1031),
+                                 (97, 2500), (2100, 130)])
 @pytest.mark.parametrize("normalize", [False, True])
 def test_values_and_gradient_match_float64(device, B, V, normalize):
     counts = _mixed_counts(B, V, device, torch.float32)
@@ -156,9 +157,13 @@ def test_single_pass_is_taken_where_it_applies(device):
     # backward returns for it.
     g, = torch.autograd.grad(ll.sum(), la)
     assert torch.equal(g, saved)
-    # Too few rows for the single-pass kernels: the plain forward.
-    few = dirmult_ext.log_lik(counts[:20], la)
+    # Too few rows for the single-pass kernels (CPU: 64; CUDA serves one):
+    # the plain forward.
+    min_rows = _ops._SINGLE_PASS_MIN_ROWS_CUDA if counts.is_cuda else _ops._SINGLE_PASS_MIN_ROWS_CPU
+    few = dirmult_ext.log_lik(counts[:min_rows - 1], la)
     assert few.grad_fn.grad_of_sum is None
+    one = dirmult_ext.log_lik(counts[:1], la)
+    assert (one.grad_fn.grad_of_sum is not None) == counts.is_cuda
     # Not where counts need a gradient, or under no_grad.
     fcounts = counts.clone().requires_grad_()
     assert dirmult_ext.log_lik(fcounts, la).grad_fn.grad_of_sum is None

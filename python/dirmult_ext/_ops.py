@@ -159,13 +159,13 @@ class _Components(torch.autograd.Function):
 
 # The single pass (dirmult::log_lik_with_grad) reads the counts once for the
 # forward and the gradient of the rows' sum. Its kernels serve shared
-# log_alpha over at least this many rows: on CUDA float32 from 32 rows
-# (kSinglePassMinRows in src/cuda/log_lik_with_grad.cu), on CPU from 64
-# (kRowsForRowsOnly in src/cpu/log_lik_cpu.cpp: fewer, long rows are split
-# into column chunks by the forward and the backward). Elsewhere the op is a
-# forward plus a backward and would only move the backward's work into the
-# forward.
-_SINGLE_PASS_MIN_ROWS_CUDA = 32
+# log_alpha over at least this many rows: on CUDA float32 from one row
+# (src/cuda/log_lik_with_grad.cu; the tables serve any number of rows), on
+# CPU from 64 (kRowsForRowsOnly in src/cpu/log_lik_cpu.cpp: fewer, long rows
+# are split into column chunks by the forward and the backward). Elsewhere
+# the op is a forward plus a backward and would only move the backward's
+# work into the forward.
+_SINGLE_PASS_MIN_ROWS_CUDA = 1
 _SINGLE_PASS_MIN_ROWS_CPU = 64
 
 

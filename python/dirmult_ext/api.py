@@ -106,7 +106,7 @@ def log_lik(counts: Tensor, log_alpha: Optional[Tensor] = None, *,
 
     Differentiable with respect to ``log_alpha``/``alpha`` and to floating
     ``counts``. When only a shared ``log_alpha`` needs the gradient (eager
-    mode; on CUDA float32 from 32 rows, on CPU from 64), the forward also
+    mode; on CUDA float32 from one row, on CPU from 64), the forward also
     computes the gradient of the rows' sum in the same read of the counts,
     and a backward of ``out.sum()`` (or ``-out.sum()``, ``out.sum() / n``)
     costs only a scaling (so does ``reduction="mean"``); ``out.mean()`` and

@@ -12,11 +12,6 @@ namespace {
 // and sparse (BENCHMARKS.md, fourth session).
 constexpr int kWithGradGroups = 2;
 
-// Fewer rows take the forward and the backward (both on their tables from
-// one row), as the Python API does (_SINGLE_PASS_MIN_ROWS_CUDA in
-// python/dirmult_ext/_ops.py): the single pass was not measured below.
-constexpr int64_t kSinglePassMinRows = 32;
-
 template <typename count_t>
 void launch_with_grad(const Tensor& counts, const Tensor& log_alpha, int64_t B, int64_t V,
                       bool normalize, float* out, float* grad_la, cudaStream_t stream) {
@@ -58,7 +53,10 @@ std::tuple<Tensor, Tensor> log_lik_with_grad_cuda(Tensor counts, Tensor log_alph
   torch::stable::accelerator::DeviceGuard guard(counts.get_device_index());
   const int64_t V = counts.size(counts.dim() - 1);
   const int64_t B = num_rows(counts);
-  if (log_alpha.scalar_type() != ScalarType::Float || V == 0 || B < kSinglePassMinRows) {
+  // Float32 from one row, like the tables it reads (fourteenth session; 32
+  // rows before): few rows' forward+backward read a table of both kinds
+  // once instead of filling one for the forward and both for the backward.
+  if (log_alpha.scalar_type() != ScalarType::Float || V == 0 || B == 0) {
     auto backward = [](Tensor g, Tensor c, Tensor la, bool norm, bool cg) {
       return log_lik_backward_cuda(g, c, la, norm, cg);
     };
