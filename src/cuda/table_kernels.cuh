@@ -39,10 +39,10 @@ static_assert(kTableUnroll * 128 == kTableChunk, "a warp's unrolled loads span o
 // -> tables: forward 1x262144 39.8 -> 18.6 us, 31x262144 128.6 -> 25.6,
 // 8x2048 35.0 -> 11.9; forward+backward 31x262144 308.3 -> 71.1 (53.6
 // with the single pass from one row), 8x300 44.6 -> 30.3. (They were
-// taken from 32 rows before.) Except the
-// components' backward: its two tables over K V columns, filled before
-// its column pass, cost more than few rows' math path (K = 4, 1x50000:
-// ~201 vs ~35 us), so it takes them from kComponentBackwardTableMinRows.
+// taken from 32 rows before.) Except the components' backward: its two
+// tables over K V columns, filled before its column pass, cost more than
+// few rows' math path (K = 4, 1x50000: ~201 vs ~35 us), so it takes them
+// from kComponentBackwardTableMinRows.
 constexpr int64_t kComponentBackwardTableMinRows = 32;
 
 template <typename scalar_t>
