@@ -62,7 +62,9 @@ if __name__ == "__main__":
     case(40, 1000, torch.float64)   # small forward, four alpha slices in shared memory
     case(40, 1000)                  # table path (float32 rows past 256 columns)
     case(1, 5000)                   # the single pass from one row
-    forward_case(1, 5000)           # table forward from one row: the blocks fill their slices
+    forward_case(1, 5000)           # table forward from one row, few chunks: a global table
+    forward_case(1, 40000)          # one row over many chunks: the blocks fill their slices,
+                                    # then finish the row behind a grid barrier (cooperative)
     case(600, 700)                  # table path, chunk shorter than the table slice
     case(300, 1024)                 # table path, one whole chunk, fill a thread per entry
     case(70, 5000)                  # table path, five chunks, fill a thread per column
@@ -90,7 +92,9 @@ if __name__ == "__main__":
     forward_case(36, 210001, torch.int64)  # a block per chunk fills its own slice, one row
                                     # in flight per warp (8-byte counts, scalar loads)
     case(5, 301)                    # scalar loads (V % 4 != 0)
-    case(3, 9000)                   # few rows over many chunks (single pass)
+    case(3, 9000)                   # few rows over a few chunks (single pass, global tables)
+    case(3, 70000)                  # few rows over many chunks: the single pass's blocks fill
+    case(2, 70001, torch.int64)     # both table slices (8-byte counts, scalar loads)
     case(3, 9000, weighted=True)    # the same through the forward and column backward
     case(3, 9000, torch.float64)    # split rows (math path)
     case(20, 64, torch.uint8)

@@ -321,13 +321,14 @@ def test_in_block_table_fill_forward_matches_float64(dtype, V):
 
 
 # The one-launch forward of few aligned float32 rows over many chunks
-# (forward_table_fill_ring_kernel): a persistent block per SM fills its next
-# chunk's table slice between its rows of the current one, into the other of
-# two slice buffers. 300 rows: 18-19 rows per warp, the fill spread over
-# them; 33 rows over 586 chunks: blocks take 4-5 chunks (both buffers in
-# turn), warps 1 to 3 rows. log_alpha in the cancellation band and off it,
-# counts off the table (the columns made from log_alpha), normalized or not.
-@pytest.mark.parametrize("shape", [(300, 210000), (33, 600000)])
+# (forward_table_fill_ring_kernel): a persistent block per SM fills each of
+# its chunks' table slice, then streams the chunk's rows through its warps'
+# rings, the next chunk's first rows in flight across that chunk's fill.
+# 300 rows: 18-19 rows per warp; 33 rows over 586 chunks: blocks take 4-5
+# chunks, warps 1 to 3 rows; 5 rows: most warps have none and only fill.
+# log_alpha in the cancellation band and off it, counts off the table (the
+# columns made from log_alpha), normalized or not.
+@pytest.mark.parametrize("shape", [(300, 210000), (33, 600000), (5, 300000)])
 def test_fill_ring_forward_matches_float64(shape):
     B, V = shape
     counts = torch.randint(0, 17, (B, V)).float() * (torch.rand(B, V) > 0.4)
@@ -336,6 +337,17 @@ def test_fill_ring_forward_matches_float64(shape):
     counts[B // 2, V // 2] = 1000.0
     la = torch.empty(V).uniform_(-2.5, 3.0)
     _assert_forward_matches_float64(counts, la)
+    # Rows 4 bytes off 16-byte alignment take forward_table_kernel<..., kFill>
+    # and finish_rows_kernel, where the ring kernel finishes its rows itself
+    # behind a grid barrier: the same sums in the same order.
+    storage = torch.empty(B * V + 1, device="cuda")
+    unaligned = storage[1:].view(B, V)
+    unaligned.copy_(counts)
+    for normalize in (False, True):
+        with torch.no_grad():
+            out = dirmult_ext.log_lik(counts.cuda(), la.cuda(), normalize=normalize)
+            other = dirmult_ext.log_lik(unaligned, la.cuda(), normalize=normalize)
+        assert torch.equal(out, other)
 
 
 # Many counts off the table (a third of them: every lane has several, a warp
@@ -496,9 +508,11 @@ def test_table_lookup_edge_values_match_float64():
 
 # The table kernels are launched as programmatic dependents of the table
 # preparation (launch_dependent); under graph capture that is an edge of the
-# graph.
-def test_cuda_graph_capture_table_path():
-    B, V = 4096, 1024
+# graph. Few rows over many chunks take one cooperative launch
+# (forward_table_fill_ring_kernel with its grid barrier).
+@pytest.mark.parametrize("shape", [(4096, 1024), (40, 210000)])
+def test_cuda_graph_capture_table_path(shape):
+    B, V = shape
     counts = random_counts((B, V), torch.float32, "cuda")
     la = torch.randn(V, device="cuda")
     s = torch.cuda.Stream()

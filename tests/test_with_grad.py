@@ -51,7 +51,7 @@ def _mixed_counts(B, V, device, dtype):
 # counts that are not a multiple of 4 or of the 1024-column chunk, several
 # chunks, rows tiled.
 @pytest.mark.parametrize("B,V", [(1, 2051), (5, 33), (40, 7), (64, 1024), (333, 1031),
-                                 (97, 2500), (2100, 130)])
+                                 (97, 2500), (2100, 130), (3, 66000), (2, 70001)])
 @pytest.mark.parametrize("normalize", [False, True])
 def test_values_and_gradient_match_float64(device, B, V, normalize):
     counts = _mixed_counts(B, V, device, torch.float32)
@@ -66,8 +66,8 @@ def test_values_and_gradient_match_float64(device, B, V, normalize):
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.int64, torch.int32, torch.uint8,
                                    torch.float16])
-def test_count_dtypes(device, dtype):
-    B, V = 70, 300
+@pytest.mark.parametrize("B,V", [(70, 300), (2, 66001)])
+def test_count_dtypes(device, dtype, B, V):
     counts = _mixed_counts(B, V, device, dtype)
     compute = torch.float64 if dtype == torch.float64 else torch.float32
     la = torch.empty(V, dtype=compute).uniform_(-3, 4).to(device)

@@ -255,22 +255,61 @@ inline bool device_has_dependent_launch() {
   return cached_device_attribute<cudaDevAttrComputeCapabilityMajor>() >= 9;
 }
 
+// cudaLaunchKernelEx of kernel with one launch attribute (none where !use).
 template <typename... Params, typename... Args>
-void launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem_bytes,
-                      cudaStream_t stream, Args... args) {
+cudaError_t launch_with_attribute(void (*kernel)(Params...), dim3 grid, dim3 block,
+                                  size_t smem_bytes, cudaStream_t stream,
+                                  cudaLaunchAttribute attribute, bool use, Args... args) {
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = smem_bytes;
   config.stream = stream;
-  cudaLaunchAttribute attribute[1] = {};
-  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[0].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attribute;
-  config.numAttrs = device_has_dependent_launch() ? 1 : 0;
-  const cudaError_t err = cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
+  config.attrs = &attribute;
+  config.numAttrs = use ? 1 : 0;
+  return cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
+}
+
+template <typename... Params, typename... Args>
+void launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem_bytes,
+                      cudaStream_t stream, Args... args) {
+  cudaLaunchAttribute attribute = {};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  const cudaError_t err = launch_with_attribute(kernel, grid, block, smem_bytes, stream, attribute,
+                                                device_has_dependent_launch(), args...);
   STD_TORCH_CHECK(err == cudaSuccess, "dirmult: CUDA kernel launch failed: ",
                   cudaGetErrorString(err));
+}
+
+// Whether the current device runs cooperative launches (a grid-wide
+// barrier inside a kernel whose blocks are all resident at once).
+inline bool device_has_cooperative_launch() {
+  return cached_device_attribute<cudaDevAttrCooperativeLaunch>() != 0;
+}
+
+// A cooperative launch (cooperative_groups::this_grid().sync() is valid in
+// the kernel), where the device runs them and holds the whole grid at once.
+// Returns false, having launched nothing, where it does not (a device
+// without cooperative launches, or an MPS client given fewer SMs than the
+// grid was sized for: cudaErrorCooperativeLaunchTooLarge, cleared here);
+// other errors raise.
+template <typename... Params, typename... Args>
+bool try_launch_cooperative(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem_bytes,
+                            cudaStream_t stream, Args... args) {
+  if (!device_has_cooperative_launch()) return false;
+  cudaLaunchAttribute attribute = {};
+  attribute.id = cudaLaunchAttributeCooperative;
+  attribute.val.cooperative = 1;
+  const cudaError_t err =
+      launch_with_attribute(kernel, grid, block, smem_bytes, stream, attribute, true, args...);
+  if (err == cudaErrorCooperativeLaunchTooLarge) {
+    (void)cudaGetLastError();  // a launch-configuration error: not sticky
+    return false;
+  }
+  STD_TORCH_CHECK(err == cudaSuccess, "dirmult: CUDA kernel launch failed: ",
+                  cudaGetErrorString(err));
+  return true;
 }
 
 // The sum of p[0], p[stride], ..., p[(n - 1) stride], split across the

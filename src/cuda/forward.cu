@@ -134,12 +134,21 @@ TableForward pick_table_forward(int64_t B, int64_t num_chunks, bool aligned) {
 // waits for. GPU time per call (CUDA graph), against the global table's
 // best kernel: 64x262144 43.1 vs 45.4 us, 40x210000 34.1 vs 34.9,
 // 32x1048576 107.6 vs 113.6, 32x262144 32.9 vs 36.0. With two groups or
-// more each chunk's fill would be repeated: 128x131072 53.6 vs 36.9.
+// more each chunk's fill would be repeated: 128x131072 53.6 vs 36.9. With
+// few chunks, few blocks fill 1024 columns each (two per thread) where the
+// global fill spreads its entries over every SM (fifteenth session, GPU
+// time per call, in-block vs global, float32 aligned): 1x2048 11.3 vs 7.3
+// us, 1x8192 11.2 vs 8.7, 8x16384 11.4 vs 10.1; from 32 chunks the blocks'
+// own fill pays: 1x32768 12.4 vs 13.2, 8x32768 12.7 vs 13.6, 1x131072 12.2
+// vs 14.1.
+constexpr int64_t kFillInBlockMinChunks = 32;
+
 template <typename count_t>
 bool fill_table_in_block(int64_t B, int64_t num_chunks) {
   const int64_t wave =
       one_wave_blocks<forward_table_kernel<count_t, 1>>(kRowWarps * 32, kTableSmemBytes);
-  return num_chunks > 1 && table_row_groups(B, num_chunks, kRowWarps, wave) == 1;
+  return num_chunks >= kFillInBlockMinChunks &&
+         table_row_groups(B, num_chunks, kRowWarps, wave) == 1;
 }
 
 // The table forward for fill_table_in_block: blocks fill their own slices
@@ -150,7 +159,11 @@ bool fill_table_in_block(int64_t B, int64_t num_chunks) {
 // after alpha_prep_kernel: wide 64x262144 39.7 vs 41.5 us, 40x210000 31.6
 // vs 33.1, 32x1048576 100.2 vs 105.2, 32x262144 31.6 vs 31.5, the rows the
 // same bits; then with each chunk's log_alpha loaded ahead of its rows:
-// 37.1, 29.4, 86.1, 28.7). Other counts: forward_table_kernel<..., kFill>, a block
+// 37.1, 29.4, 86.1, 28.7). It finishes its rows itself behind a grid barrier
+// (a cooperative launch; finish_rows_kernel where the device cannot run
+// one): one launch fewer, ~4-8 us less host time per call (queued, 40x210000
+// 35.6 -> 30.4 us, 1x262144 34.5 -> 31.4), the GPU time the same (wide 35.7
+// vs 35.7). Other counts: forward_table_kernel<..., kFill>, a block
 // per chunk, each filling its slice while its first row loads, as a
 // dependent of alpha_prep_kernel (cols and Apart, needed only for rare
 // counts and the finish).
@@ -176,8 +189,14 @@ void launch_forward_table_fill(const Tensor& counts, const Tensor& log_alpha, in
       constexpr auto kKernel = forward_table_fill_ring_kernel<float>;
       const int64_t blocks =
           std::min(num_chunks, one_wave_blocks<kKernel>(kRingWarps * 32, kRingSmemBytes));
+      const RowOut o{num_chunks, normalize, out, partial};
+      if (try_launch_cooperative(kKernel, dim3(static_cast<unsigned>(blocks)),
+                                 dim3(kRingWarps * 32), kRingSmemBytes, stream, n, la, Apart,
+                                 nblk, B, V, o, true)) {
+        return;
+      }
       kKernel<<<static_cast<unsigned>(blocks), kRingWarps * 32, kRingSmemBytes, stream>>>(
-          n, la, Apart, nblk, B, V, RowOut{num_chunks, normalize, out, partial});
+          n, la, Apart, nblk, B, V, o, false);
       DM_CUDA_CHECK_LAUNCH();
       launch_finish_rows<float>(partial, Apart, nblk, B, 1, num_chunks, false, normalize, out,
                                 stream);

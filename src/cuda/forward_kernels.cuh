@@ -292,15 +292,17 @@ __host__ __device__ inline int64_t finish_pairs_per_block(int64_t num_chunks) {
   return num_chunks <= kMaxChunksPerThread ? 256 : 8;
 }
 
+// Finishes pair i = (row, component) from its chunk partials: by the
+// calling thread alone (per_thread) or by the calling warp (every lane
+// calls it with the same i), in finish_rows_kernel's order, so that a
+// kernel finishing its own rows (forward_table_fill_ring_kernel) gives the
+// same bits.
 template <typename scalar_t>
-__global__ void __launch_bounds__(256)
-    finish_rows_kernel(const RowPartial* __restrict__ partial, const double* __restrict__ Apart,
-                       int nblk_alpha, int64_t B, int K, int64_t num_chunks, bool per_sample,
-                       bool normalize, scalar_t* __restrict__ out) {
-  const bool per_thread = num_chunks <= kMaxChunksPerThread;
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * finish_pairs_per_block(num_chunks) +
-                    (per_thread ? threadIdx.x : threadIdx.x >> 5);
-  if (i >= B * K) return;
+__device__ __forceinline__ void finish_pair(const RowPartial* __restrict__ partial,
+                                            const double* __restrict__ Apart, int nblk_alpha,
+                                            int64_t i, int K, int64_t num_chunks, bool per_sample,
+                                            bool normalize, bool per_thread,
+                                            scalar_t* __restrict__ out) {
   const int64_t b = i / K;
   const int k = static_cast<int>(i % K);
   const RowPartial* p = partial + b * num_chunks * K + k;
@@ -323,6 +325,19 @@ __global__ void __launch_bounds__(256)
   }
   if (!per_sample) A = alpha_total(Apart, k, nblk_alpha);
   out[i] = static_cast<scalar_t>(finish_row(s, N, norm, A, normalize));
+}
+
+template <typename scalar_t>
+__global__ void __launch_bounds__(256)
+    finish_rows_kernel(const RowPartial* __restrict__ partial, const double* __restrict__ Apart,
+                       int nblk_alpha, int64_t B, int K, int64_t num_chunks, bool per_sample,
+                       bool normalize, scalar_t* __restrict__ out) {
+  const bool per_thread = num_chunks <= kMaxChunksPerThread;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * finish_pairs_per_block(num_chunks) +
+                    (per_thread ? threadIdx.x : threadIdx.x >> 5);
+  if (i >= B * K) return;
+  finish_pair(partial, Apart, nblk_alpha, i, K, num_chunks, per_sample, normalize, per_thread,
+              out);
 }
 
 template <typename scalar_t>

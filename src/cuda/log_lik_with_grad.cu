@@ -1,5 +1,7 @@
 // CUDA op dirmult::log_lik_with_grad: the rows' log-likelihoods and the
 // gradient of their sum, one read of the counts where the tables apply.
+#include <optional>
+
 #include "../common/with_grad.h"
 #include "ops_cuda.h"
 #include "with_grad_kernels.cuh"
@@ -12,34 +14,61 @@ namespace {
 // and sparse (BENCHMARKS.md, fourth session).
 constexpr int kWithGradGroups = 2;
 
+// From this many column chunks, a grid of one row tile fills its tables in
+// its blocks (with_grad_kernel<..., kFill>) instead of reading a global one
+// (fifteenth session, GPU time per call, in-block vs global): 1x262144 31.6
+// vs 35.9 us, 31x262144 41.0 vs 48.2, wide 64x262144 54.1 vs 59.9,
+// 40x210000 42.1 vs 48.9, 1x65536 19.0 vs 20.6, 8x65536 19.7 vs 21.2. With
+// fewer chunks the global fill spreads over more SMs: 1x32768 18.1 vs
+// 17.2, 1x4096 18.0 vs 14.9, 8x4096 19.4 vs 15.9.
+constexpr int64_t kWithGradFillMinChunks = 64;
+
 template <typename count_t>
 void launch_with_grad(const Tensor& counts, const Tensor& log_alpha, int64_t B, int64_t V,
                       bool normalize, float* out, float* grad_la, cudaStream_t stream) {
-  constexpr auto kKernel = with_grad_kernel<count_t, kWithGradGroups>;
   constexpr int kThreads = kColThreads * kWithGradGroups;
-  const ColumnTiling tiling =
-      tile_columns(B, V, 1, one_wave_blocks<kKernel>(kThreads, kWithGradSmemBytes));
+  const ColumnTiling tiling = tile_columns(
+      B, V, 1, one_wave_blocks<with_grad_kernel<count_t, kWithGradGroups>>(kThreads,
+                                                                           kWithGradSmemBytes));
+  // One row tile over many chunks: each block fills its own slices, as each
+  // slice of a global table would be written once and read once.
+  const bool fill = tiling.row_tiles == 1 && tiling.col_chunks >= kWithGradFillMinChunks;
   const int64_t parts = tiling.col_chunks * kColWarps;
   const int64_t column_tiles = tiling.row_tiles * kWithGradGroups;  // Cpart rows
   ScratchLayout layout;
-  const TableScratch<TableKind::kBoth, TableLayout::kChunkSlots> tables(layout, 1, V);
+  std::optional<TableScratch<TableKind::kBoth, TableLayout::kChunkSlots>> tables;
+  if (!fill) tables.emplace(layout, 1, V);
+  const int64_t alpha_at = fill ? layout.add(prepared_alpha_bytes<float>(1, V)) : 0;
   const int64_t c_at = layout.add(column_tiles * V * static_cast<int64_t>(sizeof(double)));
   const int64_t n_at = layout.add(B * parts * static_cast<int64_t>(sizeof(double)));
   const int64_t l_at = layout.add(B * parts * static_cast<int64_t>(sizeof(double)));
   const int64_t w_at = layout.add(weight_partial_bytes(B, 1, parts));
   const Tensor ws = workspace(counts, layout.size());
-  const PreparedAlpha<float> pa = tables.prepare(ws, log_alpha, normalize, stream);
-  float* table = tables.table(ws);
   auto* Cpart = ScratchLayout::at<double>(ws, c_at);
   auto* Npart = ScratchLayout::at<double>(ws, n_at);
   auto* Lpart = ScratchLayout::at<double>(ws, l_at);
   const auto* n = static_cast<const count_t*>(counts.const_data_ptr());
   const bool aligned = V % 4 == 0 && is_aligned<count_t>(n);
   const dim3 grid(static_cast<unsigned>(tiling.col_chunks), static_cast<unsigned>(tiling.row_tiles));
-  // Right after prep_and_table_kernel (tables.prepare): its dependent.
-  launch_dependent(kKernel, grid, dim3(kThreads), kWithGradSmemBytes, stream, n, pa.cols, table,
-                   second_table(table, V, TableLayout::kChunkSlots), B, V, tiling, aligned,
-                   normalize, Cpart, Npart, Lpart);
+  PreparedAlpha<float> pa;
+  if (fill) {
+    pa = prepare_alpha<float>(log_alpha, 1, V, ScratchLayout::at<char>(ws, alpha_at), stream);
+    constexpr auto kKernel = with_grad_kernel<count_t, kWithGradGroups, true>;
+    allow_table_smem<kKernel>(kThreads, kWithGradSmemBytes);
+    launch_dependent(kKernel, grid, dim3(kThreads), kWithGradSmemBytes, stream, n, pa.cols,
+                     static_cast<const float*>(nullptr), static_cast<const float*>(nullptr),
+                     static_cast<const float*>(log_alpha.const_data_ptr()), B, V, tiling, aligned,
+                     normalize, Cpart, Npart, Lpart);
+  } else {
+    pa = tables->prepare(ws, log_alpha, normalize, stream);
+    float* table = tables->table(ws);
+    // Right after prep_and_table_kernel (tables.prepare): its dependent.
+    launch_dependent(with_grad_kernel<count_t, kWithGradGroups>, grid, dim3(kThreads),
+                     kWithGradSmemBytes, stream, n, pa.cols, static_cast<const float*>(table),
+                     static_cast<const float*>(second_table(table, V, TableLayout::kChunkSlots)),
+                     static_cast<const float*>(nullptr), B, V, tiling, aligned, normalize, Cpart,
+                     Npart, Lpart);
+  }
   launch_column_finish<float>(nullptr, Npart, parts, Cpart, column_tiles, pa, B, V, 1,
                               ScratchLayout::at<double>(ws, w_at), grad_la, stream,
                               {Lpart, normalize, out});

@@ -9,6 +9,7 @@
 // small integers take the math path.
 #pragma once
 
+#include <cooperative_groups.h>
 #include <cuda_pipeline.h>
 
 #include "alpha_prep.cuh"
@@ -384,16 +385,20 @@ __device__ __forceinline__ int slice_column(int p) {
   return (p % (kTableChunk / 4)) * 4 + p / (kTableChunk / 4);
 }
 
-// The entries of slot p of a slice tab (in shared memory) from la, the
+// The entries of slot p of a slice tab (in shared memory; kBoth: the alpha
+// dpoch slice follows it, as second_table's) from la, the
 // log_alpha of its column (in: the column is inside V; else zeros), the
 // same code per column as prep_and_table_kernel's kChunkSlots fill (so the
 // same entries, bit for bit); log_fact: log_factorial(0 .. kMaxExactCount)
 // when normalize, queue: the warp's refinement queue. Warp-uniform call.
+template <TableKind kKind = TableKind::kLogPoch>
 __device__ __forceinline__ void fill_slice_slot(float* __restrict__ tab, int p, float la, bool in,
                                                 bool normalize, const float* log_fact,
                                                 uint16_t* queue) {
-  using Writer = TableEntryWriter<TableKind::kLogPoch, TableLayout::kChunkSlots>;
-  const Writer w{tab + p, nullptr, normalize, log_fact};
+  static_assert(kKind != TableKind::kAlphaDPoch, "slices of lnpoch, or of both");
+  using Writer = TableEntryWriter<kKind, TableLayout::kChunkSlots>;
+  Writer w{tab + p, nullptr, normalize, log_fact};
+  if constexpr (kKind == TableKind::kBoth) w.dst2 = tab + kChunkFloats + p;
   unsigned redo = 0;
   if (in) {
     redo = fill_table_column(w, la);
@@ -424,13 +429,14 @@ struct SliceAlpha {
   }
 };
 
-// Chunk c's table slice, filled by the calling block itself into tab from
+// Chunk c's table slice (kBoth: both slices, lnpoch's then alpha dpoch's),
+// filled by the calling block itself into tab from
 // its log_alpha (SliceAlpha::load, by every thread), kTableChunk / kThreads
 // slots per thread (fill_slice_slot); returns after a __syncthreads. For
 // kernels whose grid has one block per chunk: there the global table would
 // be filled once and read once, and its fill serialized before every
 // block's count stream.
-template <int kThreads>
+template <int kThreads, TableKind kKind = TableKind::kLogPoch>
 __device__ __forceinline__ void fill_table_slice(float* __restrict__ tab,
                                                  const SliceAlpha<kThreads>& alpha, int64_t V,
                                                  int64_t c, bool normalize) {
@@ -449,8 +455,8 @@ __device__ __forceinline__ void fill_table_slice(float* __restrict__ tab,
     const float la = next.la[0];
 #pragma unroll
     for (int i = 0; i + 1 < SliceAlpha<kThreads>::kSlots; ++i) next.la[i] = next.la[i + 1];
-    fill_slice_slot(tab, p, la, c * kTableChunk + slice_column(p) < V, normalize, log_fact,
-                    queue[threadIdx.x >> 5]);
+    fill_slice_slot<kKind>(tab, p, la, c * kTableChunk + slice_column(p) < V, normalize,
+                           log_fact, queue[threadIdx.x >> 5]);
   }
   __syncthreads();
 }
@@ -865,8 +871,10 @@ __global__ void __launch_bounds__(kRingWarps * 32, 1)
 // where the chunks do not spread evenly) then compute the partial totals of
 // alpha (Apart, nblk of them, two slices at once) for finish_rows_kernel, so
 // that no alpha_prep_kernel runs before: its 32 blocks held 32 SMs'
-// registers away from this kernel's blocks. The same sums in the same order
-// as forward_table_kernel, and the same A.
+// registers away from this kernel's blocks. With finish (a cooperative
+// launch), the blocks then finish the rows from the partials behind a grid
+// barrier, as finish_rows_kernel does. The same sums in the same order as
+// forward_table_kernel, and the same A.
 //
 // Measured without gain (GPU time per call): the next chunk's fill spread
 // between the rows of the current one, into a second slice buffer (which
@@ -878,12 +886,19 @@ __global__ void __launch_bounds__(kRingWarps * 32, 1)
 // in flight (64 KB per SM instead of 128; the two slices take 136 KB): wide
 // 81.8 vs 66.9 us, 32x1048576 193.1 vs 145.2, 512x262144 440.8 vs 307.0
 // (counts 0..9 with 0.1% of 23s: the rare path's float64 terms in both).
+// Both slices double-buffered with rows in half-chunk ring items (two of 2
+// KB per warp; fifteenth session), each warp filling its columns of the
+// next slice between its rows, staggered: wide 36.4 vs 35.9 us, 32x1048576
+// 86.4 vs 82.7, 512x262144 143.3 vs 150.0. The kernel issues instructions
+// on ~60% of cycles (ncu): a fill costs ~1100 thread instructions per
+// column (19.0 M warp instructions per wide call, 4.4 M of them the
+// second fills), so it does not hide behind the stream.
 template <typename count_t>
 __global__ void __launch_bounds__(kRingWarps * 32, 1)
     forward_table_fill_ring_kernel(const count_t* __restrict__ counts,
                                    const float* __restrict__ log_alpha,
                                    double* __restrict__ Apart, int nblk_alpha, int64_t B,
-                                   int64_t V, const RowOut o) {
+                                   int64_t V, const RowOut o, bool finish) {
   static_assert(std::is_same_v<count_t, float>, "16-byte copies of float32 counts");
   static_assert(kRingWarps * 32 == 2 * kPrepThreads, "two alpha slices at once");
   extern __shared__ float4 ring_smem[];  // the table slice, then the warps' rings
@@ -938,6 +953,24 @@ __global__ void __launch_bounds__(kRingWarps * 32, 1)
     prep_alpha_slice_group<float, false, 2>(log_alpha, V, 0, s0 + half, nblk_alpha, nullptr, Apart,
                                             s0 + half < nblk_alpha);
     __syncthreads();  // (the slices' warp totals are reused)
+  }
+  if (!finish) return;  // (finish_rows_kernel then)
+  // Launched cooperatively: every block's partials and Apart are in after
+  // the grid barrier, and the rows are finished here, as finish_rows_kernel
+  // would (finish_pair: the same bits).
+  cooperative_groups::this_grid().sync();
+  if (o.num_chunks <= kMaxChunksPerThread) {
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < B;
+         i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+      finish_pair(o.partial, Apart, nblk_alpha, i, 1, o.num_chunks, false, o.normalize, true,
+                  o.out);
+    }
+  } else {
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * kRingWarps + warp; i < B;
+         i += static_cast<int64_t>(gridDim.x) * kRingWarps) {
+      finish_pair(o.partial, Apart, nblk_alpha, i, 1, o.num_chunks, false, o.normalize, false,
+                  o.out);
+    }
   }
 }
 }  // namespace cuda

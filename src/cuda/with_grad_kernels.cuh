@@ -32,11 +32,18 @@ constexpr size_t kWithGradSmemBytes = 2 * kTableSmemBytes;
 // tile's row batches g, g + kGroups, ... (more warps per SM: with two table
 // slices only one block fits). Cpart: (row_tiles * kGroups, V).
 // Npart, Lpart: (B, col_chunks, kColWarps). tables: the kBoth table.
-template <typename count_t, int kGroups>
+// kFill (a grid of one row tile: each chunk's slices used once): the block
+// fills both of its slices itself from log_alpha (fill_table_slice, the
+// same entries as prep_and_table_kernel's) instead of staging them from
+// the global table, which is then neither written nor read; launched as a
+// dependent of alpha_prep_kernel (cols, read by the rare counts) and
+// waiting for it after the fill.
+template <typename count_t, int kGroups, bool kFill = false>
 __global__ void __launch_bounds__(kColThreads * kGroups, 1)
     with_grad_kernel(const count_t* __restrict__ counts, const ColumnAlpha<float>* __restrict__ cols,
                      const float* __restrict__ lnp_table, const float* __restrict__ adp_table,
-                     int64_t B, int64_t V, ColumnTiling tiling, bool aligned, bool normalize,
+                     const float* __restrict__ log_alpha, int64_t B, int64_t V,
+                     ColumnTiling tiling, bool aligned, bool normalize,
                      double* __restrict__ Cpart, double* __restrict__ Npart,
                      double* __restrict__ Lpart) {
   static_assert(kColsPerBlock == kTableChunk, "the table slot layout is per 1024 columns");
@@ -50,12 +57,20 @@ __global__ void __launch_bounds__(kColThreads * kGroups, 1)
 
   const count_t* base = counts + v0;
   const int64_t v_end = V - v0;  // columns left from v0
-  // Launched as a dependent of prep_and_table_kernel (launch_dependent): its
-  // launch overlaps the tables' preparation.
-  wait_for_prior_grid();
   extern __shared__ float tabs[];  // [lnpoch slice | alpha dpoch slice]
-  stage_table_slice(tabs, lnp_table, blockIdx.x);  // columns past V: entry 0 (= 0)
-  stage_table_slice(tabs + kChunkFloats, adp_table, blockIdx.x);
+  if constexpr (kFill) {
+    SliceAlpha<kColThreads * kGroups> alpha;
+    alpha.load(log_alpha, V, blockIdx.x);
+    fill_table_slice<kColThreads * kGroups, TableKind::kBoth>(tabs, alpha, V, blockIdx.x,
+                                                               normalize);
+    wait_for_prior_grid();
+  } else {
+    // Launched as a dependent of prep_and_table_kernel (launch_dependent):
+    // its launch overlaps the tables' preparation.
+    wait_for_prior_grid();
+    stage_table_slice(tabs, lnp_table, blockIdx.x);  // columns past V: entry 0 (= 0)
+    stage_table_slice(tabs + kChunkFloats, adp_table, blockIdx.x);
+  }
   const float* lq = tabs + t;  // table_slot(4 t + j, n) = n * 1024 + j * 256 + t
   const float* aq = tabs + kChunkFloats + t;
 
