@@ -161,12 +161,13 @@ bool fill_table_in_block(int64_t B, int64_t num_chunks) {
 // same bits; then with each chunk's log_alpha loaded ahead of its rows:
 // 37.1, 29.4, 86.1, 28.7). It finishes its rows itself behind a grid barrier
 // (a cooperative launch; finish_rows_kernel where the device cannot run
-// one): one launch fewer, ~4-8 us less host time per call (queued, 40x210000
-// 35.6 -> 30.4 us, 1x262144 34.5 -> 31.4), the GPU time the same (wide 35.7
-// vs 35.7). Other counts: forward_table_kernel<..., kFill>, a block
-// per chunk, each filling its slice while its first row loads, as a
-// dependent of alpha_prep_kernel (cols and Apart, needed only for rare
-// counts and the finish).
+// one): one launch fewer (fifteenth session, queued, the two alternating in
+// one process: 40x210000 30.6 -> 28.1 us, 1x262144 31.1 -> 27.0, 8x262144
+// 30.9 -> 27.3, wide 38.7 -> 37.9), the GPU time within 0.5 us (wide 35.6
+// -> 36.2, 1x262144 18.1 -> 17.6). Other counts: forward_table_kernel<...,
+// kFill>, a block per chunk, each filling its slice while its first row
+// loads, as a dependent of alpha_prep_kernel (cols and Apart, needed only
+// for rare counts and the finish).
 template <typename count_t>
 void launch_forward_table_fill(const Tensor& counts, const Tensor& log_alpha, int64_t B,
                                int64_t V, bool normalize, float* out, cudaStream_t stream) {

@@ -888,11 +888,11 @@ __global__ void __launch_bounds__(kRingWarps * 32, 1)
 // (counts 0..9 with 0.1% of 23s: the rare path's float64 terms in both).
 // Both slices double-buffered with rows in half-chunk ring items (two of 2
 // KB per warp; fifteenth session), each warp filling its columns of the
-// next slice between its rows, staggered: wide 36.4 vs 35.9 us, 32x1048576
-// 86.4 vs 82.7, 512x262144 143.3 vs 150.0. The kernel issues instructions
-// on ~60% of cycles (ncu): a fill costs ~1100 thread instructions per
-// column (19.0 M warp instructions per wide call, 4.4 M of them the
-// second fills), so it does not hide behind the stream.
+// next slice between its rows, staggered: wide 36.5 vs 35.9 us, 32x1048576
+// 86.5 vs 82.7, 512x262144 145.3 vs 150.7. A fill is ~1000 thread
+// instructions per column, about as many as 64 rows' lookups, and the
+// kernel already issues on ~60% of its cycles (ncu): the fill does not
+// hide behind the stream.
 template <typename count_t>
 __global__ void __launch_bounds__(kRingWarps * 32, 1)
     forward_table_fill_ring_kernel(const count_t* __restrict__ counts,
