@@ -62,6 +62,10 @@ def test_bench_quick_json(tmp_path, capsys):
     assert data["sanity_ok"] is True
     out = capsys.readouterr().out
     assert "ext fwd+bwd" in out and "targets" in out and "small problem" in out
+    # The GPU targets are shown on a CPU run, not judged there.
+    tall = [line for line in out.splitlines() if "forward tall <= 1.25x floor" in line][0]
+    assert "a cuda target, not judged on cpu (this run's value: " in tall
+    assert "met" not in tall
 
 
 def test_bench_extras_markdown(capsys):
