@@ -1,5 +1,9 @@
 """Forward values against the float64 reference: every count dtype, both
 concentration layouts, normalize on and off, odd shapes."""
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -255,6 +259,58 @@ def test_cpu_few_row_tables_keep_each_rows_bits(dtype, normalize, density):
         o64 = log_lik_float64(counts, l64, normalize)
         g64, = torch.autograd.grad(o64.sum() if weights is None else (o64 * weights.double()).sum(), l64)
         assert ((g.double() - g64).abs() / cols.clamp_min(1.0)).max() < 10 * tolerance(dtype)
+
+
+# CPU: rows without a table (fewer than six, or sparse) take the math path
+# eight counts at a time with AVX2 where the CPU has it (shared_rows_avx2.cpp:
+# the exact products and host_log_normal in vector lanes; the scalar path
+# for counts off 1..16, cancelling terms and the columns past the last
+# eight). Its terms are the scalar path's bits, so a row alone equals the
+# same row in a batch of 70 (full tables, built by the scalar path), in
+# float32 without normalize; every count dtype; concentrations on both
+# sides of kStirlingMin and in the cancellation band; a column count that
+# leaves a scalar tail.
+@pytest.mark.parametrize("count_dtype", [torch.float32, torch.int64, torch.uint8, torch.int32])
+def test_cpu_vector_math_path_keeps_each_rows_bits(count_dtype):
+    B, V = 70, 4099
+    counts = torch.randint(0, 17, (B, V)) * (torch.rand(B, V) < 0.8)
+    la = torch.empty(V).uniform_(-3.0, 3.5)
+    if count_dtype.is_floating_point:
+        counts = counts.to(count_dtype)
+        counts[0, 5], counts[1, 9], counts[2, 100] = 2.5, 40.0, 1e6
+    counts = counts.to(count_dtype)
+    batch = dirmult_ext.log_lik(counts, la)
+    alone = torch.cat([dirmult_ext.log_lik(counts[i:i + 1], la) for i in range(5)])
+    assert torch.equal(batch[:5], alone)
+    few = dirmult_ext.log_lik(counts[:5], la)
+    assert torch.equal(few, alone)
+    rows, _ = magnitudes(counts[:5], la)
+    ref = log_lik_float64(counts[:5], la)
+    assert ((alone.double() - ref).abs() / rows.clamp_min(1.0)).max() < tolerance(torch.float32)
+
+
+# The same rows with the AVX2 kernels turned off (DIRMULT_CPU_SIMD=none, in a
+# process of its own): the scalar math path, the same bits, normalized too.
+def test_cpu_simd_switch_keeps_the_bits(tmp_path):
+    B, V = 4, 4099
+    counts = torch.randint(0, 17, (B, V)) * (torch.rand(B, V) < 0.8)
+    counts = counts.float()
+    counts[0, 5], counts[1, 9] = 2.5, 40.0
+    la = torch.empty(V).uniform_(-3.0, 3.5)
+    torch.save({"counts": counts, "la": la}, tmp_path / "in.pt")
+    code = (
+        "import sys, torch, dirmult_ext\n"
+        "d = torch.load(sys.argv[1])\n"
+        "info = dirmult_ext.build_info()\n"
+        "assert info['cpu_simd'] == 'none', info\n"
+        "torch.save([dirmult_ext.log_lik(d['counts'], d['la'], normalize=n) for n in (False, True)],"
+        " sys.argv[2])\n")
+    env = dict(os.environ, DIRMULT_CPU_SIMD="none")
+    subprocess.run([sys.executable, "-c", code, str(tmp_path / "in.pt"), str(tmp_path / "out.pt")],
+                   env=env, check=True)
+    scalar = torch.load(tmp_path / "out.pt")
+    for normalize, other in zip((False, True), scalar):
+        assert torch.equal(dirmult_ext.log_lik(counts, la, normalize=normalize), other)
 
 
 # CPU: a lookup-table entry (one run of running products per column) is the

@@ -11,6 +11,7 @@
 #include <torch/csrc/stable/tensor.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -25,6 +26,7 @@
 #include "../common/with_grad.h"
 #include "dirmult/math.h"
 #include "per_sample_avx2.h"
+#include "shared_rows_avx2.h"
 
 namespace dirmult {
 namespace {
@@ -57,17 +59,32 @@ struct SharedAlpha {
   SharedAlpha(const scalar_t* la, int64_t V)
       : alpha(V), log_alpha(la, la + V), factors(V) {
     // The exps and divisions in parallel (wide: 262144 columns took ~4 ms
-    // on one thread), A in column order (the same bits for any thread count).
+    // on one thread), 1 / a for every column so that exact_factors does not
+    // branch.
     torch::stable::parallel_for(0, V, 4096, [&](int64_t v0, int64_t v1) {
       for (int64_t v = v0; v < v1; ++v) {
         alpha[v] = dm_exp(la[v]);
-        factors[v] = exact_factors(alpha[v]);
+        factors[v] = exact_factors(alpha[v], scalar_t(1) / alpha[v]);
       }
     });
-    for (int64_t v = 0; v < V; ++v) {
-      finite = finite && is_finite(la[v]);
-      total += static_cast<double>(alpha[v]);
+    // A in four interleaved sums over the columns in order (one chain of
+    // dependent adds took ~0.35 ms at 262144 columns): the same bits for
+    // any thread count.
+    double s[4] = {0.0, 0.0, 0.0, 0.0};
+    bool fin = true;
+    int64_t v = 0;
+    for (; v + 4 <= V; v += 4) {
+      for (int j = 0; j < 4; ++j) {
+        s[j] += static_cast<double>(alpha[v + j]);
+        fin = fin && is_finite(la[v + j]);
+      }
     }
+    for (; v < V; ++v) {
+      s[0] += static_cast<double>(alpha[v]);
+      fin = fin && is_finite(la[v]);
+    }
+    total = (s[0] + s[1]) + (s[2] + s[3]);
+    finite = fin;
   }
 
   // (V, kTableWidth) exact-path values of the small integer counts, when
@@ -267,6 +284,24 @@ std::vector<scalar_t> lnp_table(const SharedAlpha<scalar_t>& sa, const TablePlan
   return sa.table(plan, true, normalize);
 }
 
+// Counts row[v .. v + m) as float for the AVX2 blocks: the row
+// itself for float counts, else a copy in buf where the conversion is
+// exact and NaN (left to the scalar path) where it is not.
+template <typename count_t>
+const float* counts_as_float(const count_t* row, int64_t v, int m, float* buf) {
+  if constexpr (std::is_same_v<count_t, float>) {
+    return row + v;
+  } else {
+    for (int i = 0; i < m; ++i) {
+      const float f = static_cast<float>(row[v + i]);
+      buf[i] = static_cast<double>(f) == static_cast<double>(row[v + i])
+                   ? f
+                   : std::numeric_limits<float>::quiet_NaN();
+    }
+    return buf;
+  }
+}
+
 // A row's lnpoch sum, count total and validity over columns [v0, v1), shared
 // alpha. With the table (lnp_table): counts that are integers in [0,
 // kMaxExactCount] read it, zeros included (entry 0 is 0; sixteen zeros in a
@@ -280,7 +315,49 @@ RowSums lnp_row_sums(const count_t* row, int64_t v0, int64_t v1,
                      bool normalize) {
   RowSums rare;
   if (table.empty()) {
-    for (int64_t v = v0; v < v1; ++v) add_math_term(rare, sa, v, row[v], normalize);
+    int64_t v = v0;
+    if constexpr (std::is_same_v<scalar_t, float>) {
+      if (cpu::shared_rows_avx2_available()) {
+        // Eight columns at a time: the counts 1..16 that do not cancel from
+        // the vector lanes (the scalar path's bits), the others by the
+        // scalar path, all added in column order as below.
+        // log n! of the counts 0..16: log_factorial's values (its bits).
+        static const std::array<float, kTableWidth> log_fact = [] {
+          std::array<float, kTableWidth> t{};
+          for (int i = 0; i < kTableWidth; ++i) t[i] = log_factorial(static_cast<float>(i));
+          return t;
+        }();
+        float nbuf[8], term[8];
+        for (; v + 8 <= v1; v += 8) {
+          const float* n = counts_as_float(row, v, 8, nbuf);
+          unsigned nonzero, done;
+          cpu::shared_lnpoch8_avx2(sa.alpha.data() + v, sa.log_alpha.data() + v, n, term,
+                                   nonzero, done);
+          if (done == nonzero) {
+            // Every count 0..16: no branch per lane. A zero count's term and
+            // log 0! are 0 and add nothing (the sums start at +0), as
+            // skipping it would.
+            for (int j = 0; j < 8; ++j) {
+              rare.N += static_cast<double>(row[v + j]);
+              rare.s += static_cast<double>(term[j]);
+              if (normalize) rare.s -= static_cast<double>(log_fact[static_cast<int>(n[j])]);
+            }
+            continue;
+          }
+          for (; nonzero != 0; nonzero &= nonzero - 1) {
+            const int j = __builtin_ctz(nonzero);
+            if (done >> j & 1) {
+              rare.N += static_cast<double>(row[v + j]);
+              rare.s += static_cast<double>(term[j]);
+              if (normalize) rare.s -= static_cast<double>(log_fact[static_cast<int>(n[j])]);
+            } else {
+              add_math_term(rare, sa, v + j, row[v + j], normalize);
+            }
+          }
+        }
+      }
+    }
+    for (; v < v1; ++v) add_math_term(rare, sa, v, row[v], normalize);
     return rare;
   }
   const scalar_t* t = table.data();
@@ -315,24 +392,6 @@ RowSums lnp_row_sums(const count_t* row, int64_t v0, int64_t v1,
   r.N = static_cast<double>(table_N) + rare.N;
   r.ok = rare.ok;
   return r;
-}
-
-// Counts row[v .. v + m) as float for the per-sample AVX2 blocks: the row
-// itself for float counts, else a copy in buf where the conversion is
-// exact and NaN (left to the scalar path) where it is not.
-template <typename count_t>
-const float* counts_as_float(const count_t* row, int64_t v, int m, float* buf) {
-  if constexpr (std::is_same_v<count_t, float>) {
-    return row + v;
-  } else {
-    for (int i = 0; i < m; ++i) {
-      const float f = static_cast<float>(row[v + i]);
-      buf[i] = static_cast<double>(f) == static_cast<double>(row[v + i])
-                   ? f
-                   : std::numeric_limits<float>::quiet_NaN();
-    }
-    return buf;
-  }
 }
 
 // One row piece of the per-sample float32 forward, eight counts at a time

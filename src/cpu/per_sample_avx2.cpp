@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "dirmult/math.h"
+#include "simd_switch.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
@@ -19,7 +20,8 @@ namespace cpu {
 #ifdef DM_CPU_AVX2
 
 bool per_sample_avx2_available() {
-  static const bool available = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  static const bool available =
+      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_simd_allowed();
   return available;
 }
 

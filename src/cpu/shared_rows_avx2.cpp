@@ -1,0 +1,132 @@
+// shared_lnpoch8_avx2: see shared_rows_avx2.h. As in per_sample_avx2.cpp, the
+// AVX2 functions carry a target attribute instead of the file a -mavx2
+// flag, so math.h's inline functions are emitted for the baseline ISA. The
+// CPU sources are built with -ffp-contract=off: the products and the log
+// below are the scalar path's multiplies and adds, unfused, so its bits.
+#include "shared_rows_avx2.h"
+
+#include <algorithm>
+
+#include "dirmult/host_log.h"
+#include "dirmult/math.h"
+#include "simd_switch.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define DM_CPU_AVX2 1
+#endif
+
+namespace dirmult {
+namespace cpu {
+
+#ifdef DM_CPU_AVX2
+
+bool shared_rows_avx2_available() {
+  static const bool available = __builtin_cpu_supports("avx2") && cpu_simd_allowed();
+  return available;
+}
+
+namespace {
+
+#define DM_AVX2 __attribute__((target("avx2")))
+
+// host_log_normal of four floats (bits: their bit patterns), in double
+// lanes: the same operations in the same order.
+DM_AVX2 inline __m128 host_log4(__m128i bits) {
+  const __m128i k = _mm_sub_epi32(_mm_srli_epi32(bits, 23), _mm_set1_epi32(127));
+  const __m128i i = _mm_and_si128(_mm_srli_epi32(bits, 23 - host_log::kTableBits),
+                                  _mm_set1_epi32((1 << host_log::kTableBits) - 1));
+  const __m128 m = _mm_castsi128_ps(
+      _mm_or_si128(_mm_and_si128(bits, _mm_set1_epi32(0x007fffff)), _mm_set1_epi32(0x3f800000)));
+  // (The masked form: GCC warns that the plain one reads an uninitialized
+  // source.)
+  const __m256d all = _mm256_castsi256_pd(_mm256_set1_epi64x(-1));
+  const __m256d inv_c = _mm256_mask_i32gather_pd(_mm256_setzero_pd(), host_log::kInvC, i, all, 8);
+  const __m256d log_c = _mm256_mask_i32gather_pd(_mm256_setzero_pd(), host_log::kLogC, i, all, 8);
+  const __m256d r = _mm256_sub_pd(_mm256_mul_pd(_mm256_cvtps_pd(m), inv_c), _mm256_set1_pd(1.0));
+  const __m256d y =
+      _mm256_add_pd(_mm256_mul_pd(_mm256_cvtepi32_pd(k), _mm256_set1_pd(host_log::kLn2)), log_c);
+  // host_log::log1p_small
+  __m256d q = _mm256_sub_pd(_mm256_mul_pd(r, _mm256_set1_pd(0.2)), _mm256_set1_pd(0.25));
+  q = _mm256_add_pd(_mm256_mul_pd(q, r), _mm256_set1_pd(host_log::kThird));
+  q = _mm256_sub_pd(_mm256_mul_pd(q, r), _mm256_set1_pd(0.5));
+  const __m256d l = _mm256_add_pd(r, _mm256_mul_pd(_mm256_mul_pd(r, r), q));
+  return _mm256_cvtpd_ps(_mm256_add_pd(y, l));
+}
+
+DM_AVX2 inline __m256 host_log8(__m256 x) {
+  const __m256i bits = _mm256_castps_si256(x);
+  const __m128 lo = host_log4(_mm256_castsi256_si128(bits));
+  const __m128 hi = host_log4(_mm256_extracti128_si256(bits, 1));
+  return _mm256_insertf128_ps(_mm256_castps128_ps256(lo), hi, 1);
+}
+
+}  // namespace
+
+DM_AVX2 void shared_lnpoch8_avx2(const float* a_in, const float* la_in, const float* n_in,
+                                 float* term, unsigned& nonzero, unsigned& done) {
+  const __m256 n = _mm256_loadu_ps(n_in);
+  // Integers 1..16: n + 2^23 puts the rounded integer in the low mantissa
+  // bits; it is n exactly iff n is an integer (table_index's test).
+  const __m256 two23 = _mm256_set1_ps(8388608.0f);
+  const __m256 t = _mm256_add_ps(n, two23);
+  const __m256i idx = _mm256_sub_epi32(_mm256_castps_si256(t), _mm256_set1_epi32(0x4b000000));
+  const __m256i in_range = _mm256_andnot_si256(
+      _mm256_cmpgt_epi32(idx, _mm256_set1_epi32(kMaxExactCount)),
+      _mm256_cmpgt_epi32(idx, _mm256_setzero_si256()));
+  const __m256 exact = _mm256_and_ps(_mm256_castsi256_ps(in_range),
+                                     _mm256_cmp_ps(_mm256_sub_ps(t, two23), n, _CMP_EQ_OQ));
+  nonzero = static_cast<unsigned>(
+      _mm256_movemask_ps(_mm256_cmp_ps(n, _mm256_setzero_ps(), _CMP_NEQ_UQ)));
+  const unsigned exact_bits = static_cast<unsigned>(_mm256_movemask_ps(exact));
+  done = 0;
+  if (exact_bits == 0) {
+    _mm256_storeu_ps(term, _mm256_setzero_ps());
+    return;
+  }
+  // exact_factors: factors a + k below kStirlingMin, else 1 + k (1 / a).
+  const __m256 a = _mm256_loadu_ps(a_in);
+  const __m256 la = _mm256_loadu_ps(la_in);
+  const __m256 one = _mm256_set1_ps(1.0f);
+  const __m256 small = _mm256_cmp_ps(a, _mm256_set1_ps(Tuning<float>::kStirlingMin), _CMP_LT_OQ);
+  const __m256 base = _mm256_blendv_ps(one, a, small);
+  const __m256 step = _mm256_blendv_ps(_mm256_div_ps(one, a), one, small);
+  // lnpoch_exact: the product of factors 1 .. n - 1 (the lanes past their
+  // count keep theirs), then its log.
+  const __m256 nn = _mm256_and_ps(exact, n);
+  int top = 0;
+  for (int j = 0; j < 8; ++j) {
+    if (exact_bits >> j & 1) top = std::max(top, static_cast<int>(n_in[j]));
+  }
+  __m256 p = one;
+  for (int k = 1; k < top; ++k) {
+    const __m256 kf = _mm256_set1_ps(static_cast<float>(k));
+    const __m256 f = _mm256_add_ps(base, _mm256_mul_ps(kf, step));
+    p = _mm256_blendv_ps(p, _mm256_mul_ps(p, f), _mm256_cmp_ps(kf, nn, _CMP_LT_OQ));
+  }
+  const __m256 head = _mm256_blendv_ps(_mm256_mul_ps(nn, la), la, small);
+  const __m256 r = _mm256_add_ps(head, host_log8(p));
+  // lnpoch_exact_cancels: log a < 0, n >= 2 and |r| < 1 (then the caller's
+  // scalar path redoes it in float64).
+  const __m256 cancels = _mm256_and_ps(
+      _mm256_and_ps(_mm256_cmp_ps(la, _mm256_setzero_ps(), _CMP_LT_OQ),
+                    _mm256_cmp_ps(nn, _mm256_set1_ps(2.0f), _CMP_GE_OQ)),
+      _mm256_and_ps(_mm256_cmp_ps(r, one, _CMP_LT_OQ),
+                    _mm256_cmp_ps(r, _mm256_set1_ps(-1.0f), _CMP_GT_OQ)));
+  _mm256_storeu_ps(term, _mm256_and_ps(exact, r));  // (0 in the lanes not exact)
+  done = exact_bits & ~static_cast<unsigned>(_mm256_movemask_ps(cancels));
+}
+
+#else  // not x86-64 with GCC or Clang: the scalar path only
+
+bool shared_rows_avx2_available() { return false; }
+
+void shared_lnpoch8_avx2(const float*, const float*, const float*, float*, unsigned& nonzero,
+                         unsigned& done) {
+  nonzero = done = 0;
+}
+
+#endif
+
+}  // namespace cpu
+}  // namespace dirmult

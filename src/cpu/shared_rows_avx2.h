@@ -1,0 +1,33 @@
+// The shared-alpha math path (rows without a lookup table: fewer than
+// kTableMinRows of them, or sparse ones) eight counts at a time with AVX2,
+// chosen at run time. The scalar path spends ~20 ns per random count (its
+// product loop's exit and zero test mispredict), so a few dense rows took
+// about twice eager's time (1x262144: 4.1 vs 2.0 ms on 2 cores). Here the
+// exact products run in vector registers to the eight counts' largest and
+// their logs are host_log_normal's in AVX2 lanes: every term is the scalar
+// path's bits, so a row's value does not depend on which path, or how many
+// rows, it took.
+#pragma once
+
+#include <cstdint>
+
+namespace dirmult {
+namespace cpu {
+
+// Whether this CPU runs shared_lnpoch8_avx2 (AVX2).
+bool shared_rows_avx2_available();
+
+// For the counts n[0..8) (as float; NaN marks a count left to the caller)
+// of eight columns with concentrations a[0..8) and log-concentrations
+// la[0..8): writes lnpoch(a, n) to term[j] for the counts that are integers
+// 1..16 and do not cancel (math.h lnpoch_exact_checked without its float64
+// redo), the bits math.h's lnpoch gives on the host, and +0 to the lanes
+// whose count is not an integer 1..16 (zeros among them). Returns the
+// lanes of those terms in done; nonzero: the lanes whose count is not 0
+// (the caller takes the nonzero lanes that are not done by the scalar
+// path). Only when shared_rows_avx2_available().
+void shared_lnpoch8_avx2(const float* a, const float* la, const float* n, float* term,
+                         unsigned& nonzero, unsigned& done);
+
+}  // namespace cpu
+}  // namespace dirmult
