@@ -28,7 +28,7 @@
 #include <cstring>
 #include <type_traits>
 
-#include "host_log.h"
+#include "host_float.h"
 
 #if defined(__CUDACC__)
 #define DM_HOST_DEVICE __host__ __device__ __forceinline__
@@ -90,7 +90,7 @@ DM_HOST_DEVICE double dm_log(double x) { return log(x); }
 // (checked over all of them on the H200: scripts/check_log_normal.cu).
 // Every log of an exact-path product takes it, so the table entries and
 // the math path stay the same bits. On the host: host_log_normal (the same
-// bits in scalar code and in AVX2 lanes, host_log.h), 0.5 ulp.
+// bits in scalar code and in AVX2 lanes, host_float.h), 0.5 ulp.
 DM_HOST_DEVICE float dm_log_normal(float x) {
 #if defined(__CUDA_ARCH__)
   // x = 2^e m with m in [2/3, 4/3): log x = e log 2 + log1p(m - 1), the
@@ -117,7 +117,15 @@ DM_HOST_DEVICE float dm_log_normal(float x) {
 DM_HOST_DEVICE double dm_log_normal(double x) { return dm_log(x); }
 DM_HOST_DEVICE float dm_log1p(float x) { return log1pf(x); }
 DM_HOST_DEVICE double dm_log1p(double x) { return log1p(x); }
-DM_HOST_DEVICE float dm_exp(float x) { return expf(x); }
+// On the host host_exp (the same bits in scalar code and AVX2 lanes,
+// host_float.h), 0.5 ulp.
+DM_HOST_DEVICE float dm_exp(float x) {
+#if defined(__CUDA_ARCH__)
+  return expf(x);
+#else
+  return host_exp(x);
+#endif
+}
 DM_HOST_DEVICE double dm_exp(double x) { return exp(x); }
 DM_HOST_DEVICE float dm_floor(float x) { return floorf(x); }
 DM_HOST_DEVICE double dm_floor(double x) { return floor(x); }

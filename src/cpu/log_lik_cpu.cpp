@@ -62,6 +62,12 @@ struct SharedAlpha {
     // on one thread), 1 / a for every column so that exact_factors does not
     // branch.
     torch::stable::parallel_for(0, V, 4096, [&](int64_t v0, int64_t v1) {
+      if constexpr (std::is_same_v<scalar_t, float>) {
+        if (cpu::shared_rows_avx2_available()) {  // (the same bits, eight at a time)
+          cpu::shared_alpha_avx2(la + v0, v1 - v0, alpha.data() + v0, factors.data() + v0);
+          return;
+        }
+      }
       for (int64_t v = v0; v < v1; ++v) {
         alpha[v] = dm_exp(la[v]);
         factors[v] = exact_factors(alpha[v], scalar_t(1) / alpha[v]);

@@ -7,7 +7,7 @@
 
 #include <algorithm>
 
-#include "dirmult/host_log.h"
+#include "dirmult/host_float.h"
 #include "dirmult/math.h"
 #include "simd_switch.h"
 
@@ -34,24 +34,48 @@ namespace {
 // lanes: the same operations in the same order.
 DM_AVX2 inline __m128 host_log4(__m128i bits) {
   const __m128i k = _mm_sub_epi32(_mm_srli_epi32(bits, 23), _mm_set1_epi32(127));
-  const __m128i i = _mm_and_si128(_mm_srli_epi32(bits, 23 - host_log::kTableBits),
-                                  _mm_set1_epi32((1 << host_log::kTableBits) - 1));
+  const __m128i i = _mm_and_si128(_mm_srli_epi32(bits, 23 - host_float::kTableBits),
+                                  _mm_set1_epi32((1 << host_float::kTableBits) - 1));
   const __m128 m = _mm_castsi128_ps(
       _mm_or_si128(_mm_and_si128(bits, _mm_set1_epi32(0x007fffff)), _mm_set1_epi32(0x3f800000)));
   // (The masked form: GCC warns that the plain one reads an uninitialized
   // source.)
   const __m256d all = _mm256_castsi256_pd(_mm256_set1_epi64x(-1));
-  const __m256d inv_c = _mm256_mask_i32gather_pd(_mm256_setzero_pd(), host_log::kInvC, i, all, 8);
-  const __m256d log_c = _mm256_mask_i32gather_pd(_mm256_setzero_pd(), host_log::kLogC, i, all, 8);
+  const __m256d inv_c = _mm256_mask_i32gather_pd(_mm256_setzero_pd(), host_float::kInvC, i, all, 8);
+  const __m256d log_c = _mm256_mask_i32gather_pd(_mm256_setzero_pd(), host_float::kLogC, i, all, 8);
   const __m256d r = _mm256_sub_pd(_mm256_mul_pd(_mm256_cvtps_pd(m), inv_c), _mm256_set1_pd(1.0));
   const __m256d y =
-      _mm256_add_pd(_mm256_mul_pd(_mm256_cvtepi32_pd(k), _mm256_set1_pd(host_log::kLn2)), log_c);
-  // host_log::log1p_small
+      _mm256_add_pd(_mm256_mul_pd(_mm256_cvtepi32_pd(k), _mm256_set1_pd(host_float::kLn2)), log_c);
+  // host_float::log1p_small
   __m256d q = _mm256_sub_pd(_mm256_mul_pd(r, _mm256_set1_pd(0.2)), _mm256_set1_pd(0.25));
-  q = _mm256_add_pd(_mm256_mul_pd(q, r), _mm256_set1_pd(host_log::kThird));
+  q = _mm256_add_pd(_mm256_mul_pd(q, r), _mm256_set1_pd(host_float::kThird));
   q = _mm256_sub_pd(_mm256_mul_pd(q, r), _mm256_set1_pd(0.5));
   const __m256d l = _mm256_add_pd(r, _mm256_mul_pd(_mm256_mul_pd(r, r), q));
   return _mm256_cvtpd_ps(_mm256_add_pd(y, l));
+}
+
+// host_exp of four floats, in double lanes: the same operations in the
+// same order (NaN lanes: x itself, as host_exp returns it).
+DM_AVX2 inline __m128 host_exp4(__m128 x) {
+  const __m128 xc = _mm_min_ps(_mm_max_ps(x, _mm_set1_ps(host_float::kExpMin)),
+                               _mm_set1_ps(host_float::kExpMax));
+  const __m256d t = _mm256_mul_pd(_mm256_cvtps_pd(xc), _mm256_set1_pd(host_float::k64OverLn2));
+  const __m256d kd = _mm256_round_pd(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m128i k = _mm256_cvtpd_epi32(kd);  // (integers: exact)
+  const __m256d y = _mm256_mul_pd(_mm256_sub_pd(t, kd), _mm256_set1_pd(host_float::kLn2Over64));
+  // host_float::expm_small
+  __m256d q = _mm256_add_pd(_mm256_mul_pd(y, _mm256_set1_pd(host_float::kTwentyFourth)),
+                            _mm256_set1_pd(host_float::kSixth));
+  q = _mm256_add_pd(_mm256_mul_pd(q, y), _mm256_set1_pd(0.5));
+  q = _mm256_add_pd(_mm256_mul_pd(q, y), _mm256_set1_pd(1.0));
+  const __m256d p = _mm256_add_pd(_mm256_mul_pd(q, y), _mm256_set1_pd(1.0));
+  const __m128i j = _mm_and_si128(k, _mm_set1_epi32(63));
+  const __m256d all = _mm256_castsi256_pd(_mm256_set1_epi64x(-1));
+  const __m256d two_j = _mm256_mask_i32gather_pd(_mm256_setzero_pd(), host_float::kExp2, j, all, 8);
+  const __m256i e = _mm256_slli_epi64(_mm256_cvtepi32_epi64(_mm_srai_epi32(k, 6)), 52);
+  const __m256d scale = _mm256_castsi256_pd(_mm256_add_epi64(_mm256_castpd_si256(two_j), e));
+  const __m128 r = _mm256_cvtpd_ps(_mm256_mul_pd(scale, p));
+  return _mm_blendv_ps(r, x, _mm_cmpunord_ps(x, x));
 }
 
 DM_AVX2 inline __m256 host_log8(__m256 x) {
@@ -117,6 +141,30 @@ DM_AVX2 void shared_lnpoch8_avx2(const float* a_in, const float* la_in, const fl
   done = exact_bits & ~static_cast<unsigned>(_mm256_movemask_ps(cancels));
 }
 
+DM_AVX2 void shared_alpha_avx2(const float* la, int64_t n, float* alpha,
+                               ExactFactors<float>* factors) {
+  const __m256 one = _mm256_set1_ps(1.0f);
+  int64_t v = 0;
+  for (; v + 8 <= n; v += 8) {
+    const __m256 x = _mm256_loadu_ps(la + v);
+    const __m128 lo = host_exp4(_mm256_castps256_ps128(x));
+    const __m128 hi = host_exp4(_mm256_extractf128_ps(x, 1));
+    const __m256 a = _mm256_insertf128_ps(_mm256_castps128_ps256(lo), hi, 1);
+    const __m256 small =
+        _mm256_cmp_ps(a, _mm256_set1_ps(Tuning<float>::kStirlingMin), _CMP_LT_OQ);
+    alignas(32) float base[8], step[8];
+    _mm256_storeu_ps(alpha + v, a);
+    _mm256_store_ps(base, _mm256_blendv_ps(one, a, small));
+    _mm256_store_ps(step, _mm256_blendv_ps(_mm256_div_ps(one, a), one, small));
+    const unsigned s = static_cast<unsigned>(_mm256_movemask_ps(small));
+    for (int j = 0; j < 8; ++j) factors[v + j] = {base[j], step[j], (s >> j & 1) != 0};
+  }
+  for (; v < n; ++v) {
+    alpha[v] = dm_exp(la[v]);
+    factors[v] = exact_factors(alpha[v], 1.0f / alpha[v]);
+  }
+}
+
 #else  // not x86-64 with GCC or Clang: the scalar path only
 
 bool shared_rows_avx2_available() { return false; }
@@ -125,6 +173,8 @@ void shared_lnpoch8_avx2(const float*, const float*, const float*, float*, unsig
                          unsigned& done) {
   nonzero = done = 0;
 }
+
+void shared_alpha_avx2(const float*, int64_t, float*, ExactFactors<float>*) {}
 
 #endif
 

@@ -11,6 +11,8 @@
 
 #include <cstdint>
 
+#include "dirmult/math.h"
+
 namespace dirmult {
 namespace cpu {
 
@@ -28,6 +30,11 @@ bool shared_rows_avx2_available();
 // path). Only when shared_rows_avx2_available().
 void shared_lnpoch8_avx2(const float* a, const float* la, const float* n, float* term,
                          unsigned& nonzero, unsigned& done);
+
+// alpha[v] = dm_exp(la[v]) and factors[v] = exact_factors(alpha[v], 1 /
+// alpha[v]) for v < n, eight columns at a time (host_exp in AVX2 lanes):
+// the scalar loop's bits. Only when shared_rows_avx2_available().
+void shared_alpha_avx2(const float* la, int64_t n, float* alpha, ExactFactors<float>* factors);
 
 }  // namespace cpu
 }  // namespace dirmult
