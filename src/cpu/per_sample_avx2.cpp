@@ -7,12 +7,7 @@
 #include <cmath>
 
 #include "dirmult/math.h"
-#include "simd_switch.h"
-
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <immintrin.h>
-#define DM_CPU_AVX2 1
-#endif
+#include "cpu_simd.h"
 
 namespace dirmult {
 namespace cpu {
