@@ -23,8 +23,9 @@
 //   e^x = 2^(k >> 6) 2^((k & 63) / 64) e^(r log 2 / 64),
 // the last to degree 4 (|y| < 0.0055: truncated at y^5 / 120 < 2^-44).
 // x is clamped to [-104, 89] first (e^x then rounds to 0 or to inf in
-// float, as it should); NaN stays NaN. See check_host_float.cpp for its
-// measured error.
+// float, as it should); NaN stays NaN. Over every float in [-104, 89]
+// (check_host_float.cpp), 19 of the 2.2e9 results differ from exp in double
+// rounded to float, by at most 0.5000 ulp, subnormal results included.
 #pragma once
 
 #include <cmath>
