@@ -43,7 +43,8 @@ def main(argv=None) -> int:
     print(f"  torch {info['torch']} (CUDA {info['torch_cuda']}), built for torch >= {info['torch_target']}")
     print(f"  CUDA kernels: {'CUDA ' + info['cuda_version'] if info['cuda_version'] else 'not built'}"
           f" [{info['cuda_architectures']}], loaded: {info['cuda_kernels_loaded']}")
-    print(f"  CPU per-sample kernels: {'AVX2' if info['cpu_simd'] == 'avx2' else 'scalar'}")
+    print(f"  CPU kernels: {'AVX2' if info['cpu_simd'] == 'avx2' else 'scalar'}"
+          " (DIRMULT_CPU_SIMD=none turns AVX2 off)")
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available()
                                           and info["cuda_kernels_loaded"] else "cpu"))
     g = torch.Generator().manual_seed(int(time.time()))
