@@ -33,6 +33,18 @@ namespace {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 constexpr int kTableWidth = kMaxExactCount + 1;  // lookup tables: n = 0..16
+
+// log n! for n = 0 .. kMaxExactCount, log_factorial's values (its bits),
+// computed once.
+template <typename scalar_t>
+const std::array<scalar_t, kTableWidth>& small_log_factorials() {
+  static const std::array<scalar_t, kTableWidth> t = [] {
+    std::array<scalar_t, kTableWidth> f{};
+    for (int n = 0; n < kTableWidth; ++n) f[n] = log_factorial(static_cast<scalar_t>(n));
+    return f;
+  }();
+  return t;
+}
 // Rows from which the shared-alpha lookup tables are built. A column's
 // table (one run of running products: 16 logs) costs about what 4-6 rows of
 // direct evaluations do (~20 ns per random count, its loop exit and zero
@@ -106,12 +118,11 @@ struct SharedAlpha {
     if (!plan.build) return {};
     const std::vector<uint8_t>& tops = plan.tops;
     std::vector<scalar_t> t(V * kTableWidth);
-    // log n! once, not a log of run.fact per entry: log_factorial's value is
-    // the log of the same products, so the entries are the same bits.
-    scalar_t log_fact[kTableWidth] = {};
-    if (log_poch && normalize) {
-      for (int n = 0; n < kTableWidth; ++n) log_fact[n] = log_factorial(static_cast<scalar_t>(n));
-    }
+    // log n! from a table, not a log of run.fact per entry: log_factorial's
+    // value is the log of the same products, so the entries are the same bits.
+    static const std::array<scalar_t, kTableWidth> kNoLogFact{};
+    const std::array<scalar_t, kTableWidth>& log_fact =
+        log_poch && normalize ? small_log_factorials<scalar_t>() : kNoLogFact;
     torch::stable::parallel_for(0, V, 64, [&](int64_t v0, int64_t v1) {
       for (int64_t v = v0; v < v1; ++v) {
         scalar_t* entry = t.data() + v * kTableWidth;
@@ -340,35 +351,30 @@ RowSums lnp_row_sums(const count_t* row, int64_t v0, int64_t v1,
         // Eight columns at a time: the counts 1..16 that do not cancel from
         // the vector lanes (the scalar path's bits), the others by the
         // scalar path, all added in column order as below.
-        // log n! of the counts 0..16: log_factorial's values (its bits).
-        static const std::array<float, kTableWidth> log_fact = [] {
-          std::array<float, kTableWidth> t{};
-          for (int i = 0; i < kTableWidth; ++i) t[i] = log_factorial(static_cast<float>(i));
-          return t;
-        }();
+        const std::array<float, kTableWidth>& log_fact = small_log_factorials<float>();
         float nbuf[8], term[8];
         for (; v + 8 <= v1; v += 8) {
           const float* n = counts_as_float(row, v, 8, nbuf);
           unsigned nonzero, done;
           cpu::shared_lnpoch8_avx2(sa.alpha.data() + v, sa.log_alpha.data() + v, n, term,
                                    nonzero, done);
+          // Lane j's term as add_math_term adds it (its count is 0..16).
+          auto add_done = [&](int j) {
+            rare.N += static_cast<double>(row[v + j]);
+            rare.s += static_cast<double>(term[j]);
+            if (normalize) rare.s -= static_cast<double>(log_fact[static_cast<int>(n[j])]);
+          };
           if (done == nonzero) {
             // Every count 0..16: no branch per lane. A zero count's term and
             // log 0! are 0 and add nothing (the sums start at +0), as
             // skipping it would.
-            for (int j = 0; j < 8; ++j) {
-              rare.N += static_cast<double>(row[v + j]);
-              rare.s += static_cast<double>(term[j]);
-              if (normalize) rare.s -= static_cast<double>(log_fact[static_cast<int>(n[j])]);
-            }
+            for (int j = 0; j < 8; ++j) add_done(j);
             continue;
           }
           for (; nonzero != 0; nonzero &= nonzero - 1) {
             const int j = __builtin_ctz(nonzero);
             if (done >> j & 1) {
-              rare.N += static_cast<double>(row[v + j]);
-              rare.s += static_cast<double>(term[j]);
-              if (normalize) rare.s -= static_cast<double>(log_fact[static_cast<int>(n[j])]);
+              add_done(j);
             } else {
               add_math_term(rare, sa, v + j, row[v + j], normalize);
             }
