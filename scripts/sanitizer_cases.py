@@ -64,6 +64,7 @@ if __name__ == "__main__":
     case(1, 5000)                   # the single pass from one row
     forward_case(1, 5000)           # table forward from one row, few chunks: a global table
     forward_case(1, 40000)          # one row over many chunks: the blocks fill their slices,
+                                    # blocks beside them compute alpha's partial totals,
                                     # then finish the row behind a grid barrier (cooperative)
     case(600, 700)                  # table path, chunk shorter than the table slice
     case(300, 1024)                 # table path, one whole chunk, fill a thread per entry

@@ -326,9 +326,14 @@ def test_in_block_table_fill_forward_matches_float64(dtype, V):
 # rings, the next chunk's first rows in flight across that chunk's fill.
 # 300 rows: 18-19 rows per warp; 33 rows over 586 chunks: blocks take 4-5
 # chunks, warps 1 to 3 rows; 5 rows: most warps have none and only fill.
-# log_alpha in the cancellation band and off it, counts off the table (the
-# columns made from log_alpha), normalized or not.
-@pytest.mark.parametrize("shape", [(300, 210000), (33, 600000), (5, 300000)])
+# Alpha's partial totals go to the blocks with one chunk fewer: fewer
+# chunks than SMs (69, 123 on an H200's 132) add blocks with none, which
+# only compute them (69: all of them at once, 123: two passes each); 132
+# chunks spread evenly, and the first blocks compute them after their
+# chunk. log_alpha in the cancellation band and off it, counts off the
+# table (the columns made from log_alpha), normalized or not.
+@pytest.mark.parametrize("shape", [(300, 210000), (33, 600000), (5, 300000), (3, 70000),
+                                   (4, 125000), (2, 132 * 1024)])
 def test_fill_ring_forward_matches_float64(shape):
     B, V = shape
     counts = torch.randint(0, 17, (B, V)).float() * (torch.rand(B, V) > 0.4)

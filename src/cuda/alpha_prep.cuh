@@ -49,8 +49,9 @@ __device__ __forceinline__ ColumnAlpha<T> column_alpha(T la) {
 // with !active does nothing else. The sum's order depends on the group's
 // size only, so A is the same bits whichever kernel computes it. Callers
 // that call it again sync the block between calls (the warp totals are
-// reused).
-template <typename scalar_t, bool kCols, int kGroups>
+// reused). kLoads: the loads a thread has in flight before it uses them
+// (the sum's order is the same for any).
+template <typename scalar_t, bool kCols, int kGroups, int kLoads = 8>
 __device__ __forceinline__ void prep_alpha_slice_group(const scalar_t* __restrict__ log_alpha,
                                                        int64_t V, int k, int blk, int nblk,
                                                        ColumnAlpha<scalar_t>* __restrict__ cols,
@@ -69,10 +70,8 @@ __device__ __forceinline__ void prep_alpha_slice_group(const scalar_t* __restric
     total += static_cast<double>(col.a);
     finite = finite && is_finite(la);
   };
-  // kLoads loads in flight before they are used (the same order of the
-  // sum): a slice of V / 32 columns is many loads per thread for large V
-  // (32x1048576 forward 142 -> 127 us).
-  constexpr int kLoads = 8;
+  // Loads in flight before they are used: a slice of V / 32 columns is many
+  // loads per thread for large V (8: 32x1048576 forward 142 -> 127 us).
   // kPrepThreads, read at run time: with the constant, ptxas spilled (the
   // same code, 40 registers and 8 bytes of stack instead of 48 registers).
   const unsigned stride = blockDim.x / kGroups;
@@ -84,7 +83,23 @@ __device__ __forceinline__ void prep_alpha_slice_group(const scalar_t* __restric
 #pragma unroll
     for (int u = 0; u < kLoads; ++u) take(v + u * stride, la[u]);
   }
-  for (; v < v1; v += stride) take(v, log_alpha[k * V + v]);
+  // The rest (fewer than kLoads columns). With many loads per thread (the
+  // fill ring's 32: its slices are often shorter), their loads in flight
+  // together too; else one at a time (unrolled, forward_small_kernel's
+  // single column per thread spilled).
+  if constexpr (kLoads <= 8) {
+    for (; v < v1; v += stride) take(v, log_alpha[k * V + v]);
+  } else if (v < v1) {
+    scalar_t la[kLoads];
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+      la[u] = v + u * stride < v1 ? log_alpha[k * V + v + u * stride] : scalar_t(0);
+    }
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+      if (v + u * stride < v1) take(v + u * stride, la[u]);
+    }
+  }
   __shared__ double warp_totals[kGroups][kWarps];
   __shared__ int warp_finite[kGroups][kWarps];
   total = warp_sum(total);

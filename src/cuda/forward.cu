@@ -188,8 +188,10 @@ void launch_forward_table_fill(const Tensor& counts, const Tensor& log_alpha, in
       auto* Apart = ScratchLayout::at<double>(ws, apart_at);
       RowPartial* partial = ScratchLayout::at<RowPartial>(ws, partial_at);
       constexpr auto kKernel = forward_table_fill_ring_kernel<float>;
-      const int64_t blocks =
-          std::min(num_chunks, one_wave_blocks<kKernel>(kRingWarps * 32, kRingSmemBytes));
+      // Fewer chunks than SMs: blocks beside them that only compute alpha's
+      // partial totals (a pair of slices each), from the start.
+      const int64_t blocks = std::min(num_chunks + ceil_div(nblk, 2),
+                                      one_wave_blocks<kKernel>(kRingWarps * 32, kRingSmemBytes));
       const RowOut o{num_chunks, normalize, out, partial};
       if (try_launch_cooperative(kKernel, dim3(static_cast<unsigned>(blocks)),
                                  dim3(kRingWarps * 32), kRingSmemBytes, stream, n, la, Apart,

@@ -867,13 +867,13 @@ __global__ void __launch_bounds__(kRingWarps * 32, 1)
 // (warp + kRingWarps r) of all its chunks are one sequence of ring items, so
 // that the first rows of its next chunk are in flight across that chunk's
 // fill. Rare counts take their columns from log_alpha
-// (ColumnsFromLogAlpha), and the last blocks (the first to run out of chunks
-// where the chunks do not spread evenly) then compute the partial totals of
-// alpha (Apart, nblk of them, two slices at once) for finish_rows_kernel, so
-// that no alpha_prep_kernel runs before: its 32 blocks held 32 SMs'
-// registers away from this kernel's blocks. With finish (a cooperative
-// launch), the blocks then finish the rows from the partials behind a grid
-// barrier, as finish_rows_kernel does. The same sums in the same order as
+// (ColumnsFromLogAlpha), and the blocks with the fewest chunks (or none:
+// the grid has blocks beside the chunks where they are fewer than the SMs)
+// then compute the partial totals of alpha (Apart, nblk of them, two slices
+// at once) for the finish, so that no alpha_prep_kernel runs before: its 32
+// blocks held 32 SMs' registers away from this kernel's blocks. With
+// finish (a cooperative launch), the blocks then finish the rows from the
+// partials behind a grid barrier, as finish_rows_kernel does. The same sums in the same order as
 // forward_table_kernel, and the same A.
 //
 // Measured without gain (GPU time per call): the next chunk's fill spread
@@ -948,10 +948,23 @@ __global__ void __launch_bounds__(kRingWarps * 32, 1)
       slot = slot + 1 == kRingSlots ? 0 : slot + 1;
     }
   }
+  // Alpha's partial totals, two slices at a time, by the blocks with one
+  // chunk fewer than the others (blocks [num_chunks % G, G), G the grid;
+  // every block where the chunks spread evenly), which run out of chunks
+  // first, each slice's loads all in flight at once (up to 32 per thread):
+  // the tail after the last chunks is then the grid barrier and the finish.
+  // By the grid's last 16 blocks with 8 loads in flight, the tail was ~7.5
+  // us of the wide forward's 37 (half of those blocks held two chunks);
+  // now, GPU time per call (sixteenth session, the same bits): wide 36.0 ->
+  // 33.0 us, 8x262144 19.1 -> 16.8, 1x262144 17.6 -> 15.9, 1x32768 12.2 ->
+  // 10.4, 5x100000 12.8 -> 10.9, 32x1048576 83.9 -> 81.9.
+  const int64_t light0 = o.num_chunks % gridDim.x;
+  const int64_t light = gridDim.x - light0;
   const int half = threadIdx.x / kPrepThreads;
-  for (int s0 = 2 * (gridDim.x - 1 - blockIdx.x); s0 < nblk_alpha; s0 += 2 * gridDim.x) {
-    prep_alpha_slice_group<float, false, 2>(log_alpha, V, 0, s0 + half, nblk_alpha, nullptr, Apart,
-                                            s0 + half < nblk_alpha);
+  for (int64_t s0 = 2 * (blockIdx.x - light0); s0 >= 0 && s0 < nblk_alpha; s0 += 2 * light) {
+    const int s = static_cast<int>(s0) + half;
+    prep_alpha_slice_group<float, false, 2, 32>(log_alpha, V, 0, s, nblk_alpha, nullptr, Apart,
+                                                s < nblk_alpha);
     __syncthreads();  // (the slices' warp totals are reused)
   }
   if (!finish) return;  // (finish_rows_kernel then)
