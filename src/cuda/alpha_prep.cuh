@@ -140,16 +140,30 @@ __global__ void __launch_bounds__(kPrepThreads)
   prep_alpha_slice(log_alpha, V, blockIdx.y, blockIdx.x, gridDim.x, cols, Apart);
 }
 
+// The partial totals of component k loaded (load: the loads are
+// independent), then summed in index order (sum), so that a caller can have
+// them in flight beside its other loads.
+struct AlphaTotal {
+  double part[kMaxPrepBlocks];
+
+  __device__ __forceinline__ void load(const double* __restrict__ Apart, int k, int nblk) {
+#pragma unroll
+    for (int i = 0; i < kMaxPrepBlocks; ++i) part[i] = i < nblk ? Apart[k * nblk + i] : 0.0;
+  }
+
+  __device__ __forceinline__ double sum() const {
+    double s = 0.0;
+#pragma unroll
+    for (int i = 0; i < kMaxPrepBlocks; ++i) s += part[i];
+    return s;
+  }
+};
+
 __device__ __forceinline__ double alpha_total(const double* __restrict__ Apart, int k,
                                               int nblk) {
-  // Loads first (they are independent), then the sum in index order.
-  double part[kMaxPrepBlocks];
-#pragma unroll
-  for (int i = 0; i < kMaxPrepBlocks; ++i) part[i] = i < nblk ? Apart[k * nblk + i] : 0.0;
-  double s = 0.0;
-#pragma unroll
-  for (int i = 0; i < kMaxPrepBlocks; ++i) s += part[i];
-  return s;
+  AlphaTotal t;
+  t.load(Apart, k, nblk);
+  return t.sum();
 }
 
 // (K, V) log-concentrations prepared in scratch memory.

@@ -979,7 +979,9 @@ __global__ void __launch_bounds__(kRingWarps * 32, 1)
                   o.out);
     }
   } else {
-    for (int64_t i = static_cast<int64_t>(blockIdx.x) * kRingWarps + warp; i < B;
+    // A warp per row, the rows spread over the SMs first (a block's 16 warps
+    // reading their rows' partials at once waited longer for the L2).
+    for (int64_t i = static_cast<int64_t>(warp) * gridDim.x + blockIdx.x; i < B;
          i += static_cast<int64_t>(gridDim.x) * kRingWarps) {
       finish_pair(o.partial, Apart, nblk_alpha, i, 1, o.num_chunks, false, o.normalize, false,
                   o.out);
