@@ -290,27 +290,45 @@ def test_cpu_vector_math_path_keeps_each_rows_bits(count_dtype):
 
 
 # The same rows with the AVX2 kernels turned off (DIRMULT_CPU_SIMD=none, in a
-# process of its own): the scalar math path, the same bits, normalized too.
-def test_cpu_simd_switch_keeps_the_bits(tmp_path):
-    B, V = 4, 4099
+# process of its own): the scalar math path (4 rows) and the scalar tables'
+# build (70 rows: lnpoch for the forward, alpha dpoch for the weighted
+# backward, both for the single pass of the sum), the same bits, normalized
+# too. 4101 columns: the vector build's blocks of eight and a scalar rest.
+def _simd_switch_results(counts, la, w):
+    out = []
+    for normalize in (False, True):
+        lg = la.clone().requires_grad_()
+        o = dirmult_ext.log_lik(counts, lg, normalize=normalize)
+        g, = torch.autograd.grad((o * w).sum(), lg)
+        lg = la.clone().requires_grad_()
+        s, = torch.autograd.grad(dirmult_ext.log_lik(counts, lg, normalize=normalize).sum(), lg)
+        out += [o.detach(), g, s]
+    return out
+
+
+@pytest.mark.parametrize("B", [4, 70])
+def test_cpu_simd_switch_keeps_the_bits(tmp_path, B):
+    V = 4101
     counts = torch.randint(0, 17, (B, V)) * (torch.rand(B, V) < 0.8)
     counts = counts.float()
     counts[0, 5], counts[1, 9] = 2.5, 40.0
     la = torch.empty(V).uniform_(-3.0, 3.5)
-    torch.save({"counts": counts, "la": la}, tmp_path / "in.pt")
+    w = torch.rand(B)
+    torch.save({"counts": counts, "la": la, "w": w}, tmp_path / "in.pt")
     code = (
         "import sys, torch, dirmult_ext\n"
+        "sys.path.insert(0, sys.argv[3])\n"
+        "from test_values import _simd_switch_results\n"
         "d = torch.load(sys.argv[1])\n"
         "info = dirmult_ext.build_info()\n"
         "assert info['cpu_simd'] == 'none', info\n"
-        "torch.save([dirmult_ext.log_lik(d['counts'], d['la'], normalize=n) for n in (False, True)],"
-        " sys.argv[2])\n")
+        "torch.save(_simd_switch_results(d['counts'], d['la'], d['w']), sys.argv[2])\n")
     env = dict(os.environ, DIRMULT_CPU_SIMD="none")
-    subprocess.run([sys.executable, "-c", code, str(tmp_path / "in.pt"), str(tmp_path / "out.pt")],
-                   env=env, check=True)
+    subprocess.run([sys.executable, "-c", code, str(tmp_path / "in.pt"), str(tmp_path / "out.pt"),
+                    os.path.dirname(os.path.abspath(__file__))], env=env, check=True)
     scalar = torch.load(tmp_path / "out.pt")
-    for normalize, other in zip((False, True), scalar):
-        assert torch.equal(dirmult_ext.log_lik(counts, la, normalize=normalize), other)
+    for mine, other in zip(_simd_switch_results(counts, la, w), scalar):
+        assert torch.equal(mine, other)
 
 
 # CPU: a lookup-table entry (one run of running products per column) is the

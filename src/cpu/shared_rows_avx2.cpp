@@ -136,6 +136,42 @@ DM_AVX2 void shared_lnpoch8_avx2(const float* a_in, const float* la_in, const fl
   done = exact_bits & ~static_cast<unsigned>(_mm256_movemask_ps(cancels));
 }
 
+DM_AVX2 void shared_table8_avx2(const float* a_in, const float* la_in, int top, bool log_poch,
+                                const float* log_fact, float (*entry)[8], uint8_t* redo) {
+  const __m256 a = _mm256_loadu_ps(a_in);
+  const __m256 la = _mm256_loadu_ps(la_in);
+  const __m256 one = _mm256_set1_ps(1.0f);
+  const __m256 small = _mm256_cmp_ps(a, _mm256_set1_ps(Tuning<float>::kStirlingMin), _CMP_LT_OQ);
+  const __m256 base = _mm256_blendv_ps(one, a, small);
+  const __m256 step = _mm256_blendv_ps(_mm256_div_ps(one, a), one, small);
+  const __m256 negative = _mm256_cmp_ps(la, _mm256_setzero_ps(), _CMP_LT_OQ);
+  const __m256 q_scale = _mm256_blendv_ps(one, a, small);  // adpoch: (small ? a : 1) Q / P
+  __m256 p = one, q = _mm256_setzero_ps();  // ExactRun after factors 1 .. n - 1
+  for (int n = 1; n <= top; ++n) {
+    const __m256 nf = _mm256_set1_ps(static_cast<float>(n));
+    if (log_poch) {
+      // exact_run_lnpoch, lnpoch_exact_cancels, then - log n!
+      const __m256 head = _mm256_blendv_ps(_mm256_mul_ps(nf, la), la, small);
+      const __m256 r = _mm256_add_ps(head, host_log8(p));
+      const __m256 cancels =
+          n >= 2 ? _mm256_and_ps(negative,
+                                 _mm256_and_ps(_mm256_cmp_ps(r, one, _CMP_LT_OQ),
+                                               _mm256_cmp_ps(r, _mm256_set1_ps(-1.0f), _CMP_GT_OQ)))
+                 : _mm256_setzero_ps();
+      redo[n] = static_cast<uint8_t>(_mm256_movemask_ps(cancels));
+      _mm256_storeu_ps(entry[n], _mm256_sub_ps(r, _mm256_set1_ps(log_fact[n])));
+    } else {
+      // exact_run_value's adpoch
+      redo[n] = 0;
+      _mm256_storeu_ps(entry[n], _mm256_add_ps(one, _mm256_mul_ps(q_scale, _mm256_div_ps(q, p))));
+    }
+    // exact_run_step
+    const __m256 t = _mm256_add_ps(base, _mm256_mul_ps(nf, step));
+    q = _mm256_add_ps(_mm256_mul_ps(q, t), p);
+    p = _mm256_mul_ps(p, t);
+  }
+}
+
 DM_AVX2 void shared_alpha_avx2(const float* la, int64_t n, float* alpha,
                                ExactFactors<float>* factors) {
   const __m256 one = _mm256_set1_ps(1.0f);
@@ -168,6 +204,9 @@ void shared_lnpoch8_avx2(const float*, const float*, const float*, float*, unsig
                          unsigned& done) {
   nonzero = done = 0;
 }
+
+void shared_table8_avx2(const float*, const float*, int, bool, const float*, float (*)[8],
+                        uint8_t*) {}
 
 void shared_alpha_avx2(const float*, int64_t, float*, ExactFactors<float>*) {}
 

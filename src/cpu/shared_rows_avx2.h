@@ -31,6 +31,16 @@ bool shared_rows_avx2_available();
 void shared_lnpoch8_avx2(const float* a, const float* la, const float* n, float* term,
                          unsigned& nonzero, unsigned& done);
 
+// The lookup-table entries 1 .. top of eight columns with concentrations
+// a[0..8) and log-concentrations la[0..8), in one run of running products
+// (SharedAlpha::table's, math.h exact_run_step): entry[n][j] for column j
+// is lnpoch(a, n) - log_fact[n] (log_poch) or a dpoch(a, n), the bits of
+// the scalar build, except the lnpoch entries that cancel, left to the
+// caller's float64 redo: lane j of redo[n]. Entries past top are not
+// written. Only when shared_rows_avx2_available().
+void shared_table8_avx2(const float* a, const float* la, int top, bool log_poch,
+                        const float* log_fact, float (*entry)[8], uint8_t* redo);
+
 // alpha[v] = dm_exp(la[v]) and factors[v] = exact_factors(alpha[v], 1 /
 // alpha[v]) for v < n, eight columns at a time (host_exp in AVX2 lanes):
 // the scalar loop's bits. Only when shared_rows_avx2_available().
