@@ -123,18 +123,6 @@ DM_AVX2 inline __m256 table_counts(__m256 c, __m256i& mi) {
   return hit;
 }
 
-// exact_factors for eight lanes: factors (a + k) below kStirlingMin, else
-// (1 + k / a) (n log a apart); small marks the first kind.
-struct Factors8 {
-  __m256 small, base, step;
-};
-
-DM_AVX2 inline Factors8 exact_factors8(__m256 a) {
-  const __m256 one = _mm256_set1_ps(1.0f);
-  const __m256 small = _mm256_cmp_ps(a, _mm256_set1_ps(Tuning<float>::kStirlingMin), _CMP_LT_OQ);
-  return {small, _mm256_blendv_ps(one, a, small),
-          _mm256_blendv_ps(_mm256_div_ps(one, a), one, small)};
-}
 
 DM_AVX2 inline int lane_max(__m256i x) {
   alignas(32) int b[8];

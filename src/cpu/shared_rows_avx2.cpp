@@ -80,6 +80,13 @@ DM_AVX2 inline __m256 host_log8(__m256 x) {
   return _mm256_insertf128_ps(_mm256_castps128_ps256(lo), hi, 1);
 }
 
+// lnpoch_exact_cancels for r of a count >= 2: log a < 0 and |r| < 1.
+DM_AVX2 inline __m256 cancels8(__m256 la, __m256 r) {
+  return _mm256_and_ps(_mm256_cmp_ps(la, _mm256_setzero_ps(), _CMP_LT_OQ),
+                       _mm256_and_ps(_mm256_cmp_ps(r, _mm256_set1_ps(1.0f), _CMP_LT_OQ),
+                                     _mm256_cmp_ps(r, _mm256_set1_ps(-1.0f), _CMP_GT_OQ)));
+}
+
 }  // namespace
 
 DM_AVX2 void shared_lnpoch8_avx2(const float* a_in, const float* la_in, const float* n_in,
@@ -103,13 +110,9 @@ DM_AVX2 void shared_lnpoch8_avx2(const float* a_in, const float* la_in, const fl
     _mm256_storeu_ps(term, _mm256_setzero_ps());
     return;
   }
-  // exact_factors: factors a + k below kStirlingMin, else 1 + k (1 / a).
-  const __m256 a = _mm256_loadu_ps(a_in);
   const __m256 la = _mm256_loadu_ps(la_in);
   const __m256 one = _mm256_set1_ps(1.0f);
-  const __m256 small = _mm256_cmp_ps(a, _mm256_set1_ps(Tuning<float>::kStirlingMin), _CMP_LT_OQ);
-  const __m256 base = _mm256_blendv_ps(one, a, small);
-  const __m256 step = _mm256_blendv_ps(_mm256_div_ps(one, a), one, small);
+  const Factors8 f = exact_factors8(_mm256_loadu_ps(a_in));
   // lnpoch_exact: the product of factors 1 .. n - 1 (the lanes past their
   // count keep theirs), then its log.
   const __m256 nn = _mm256_and_ps(exact, n);
@@ -120,18 +123,14 @@ DM_AVX2 void shared_lnpoch8_avx2(const float* a_in, const float* la_in, const fl
   __m256 p = one;
   for (int k = 1; k < top; ++k) {
     const __m256 kf = _mm256_set1_ps(static_cast<float>(k));
-    const __m256 f = _mm256_add_ps(base, _mm256_mul_ps(kf, step));
-    p = _mm256_blendv_ps(p, _mm256_mul_ps(p, f), _mm256_cmp_ps(kf, nn, _CMP_LT_OQ));
+    const __m256 t = _mm256_add_ps(f.base, _mm256_mul_ps(kf, f.step));
+    p = _mm256_blendv_ps(p, _mm256_mul_ps(p, t), _mm256_cmp_ps(kf, nn, _CMP_LT_OQ));
   }
-  const __m256 head = _mm256_blendv_ps(_mm256_mul_ps(nn, la), la, small);
+  const __m256 head = _mm256_blendv_ps(_mm256_mul_ps(nn, la), la, f.small);
   const __m256 r = _mm256_add_ps(head, host_log8(p));
-  // lnpoch_exact_cancels: log a < 0, n >= 2 and |r| < 1 (then the caller's
-  // scalar path redoes it in float64).
-  const __m256 cancels = _mm256_and_ps(
-      _mm256_and_ps(_mm256_cmp_ps(la, _mm256_setzero_ps(), _CMP_LT_OQ),
-                    _mm256_cmp_ps(nn, _mm256_set1_ps(2.0f), _CMP_GE_OQ)),
-      _mm256_and_ps(_mm256_cmp_ps(r, one, _CMP_LT_OQ),
-                    _mm256_cmp_ps(r, _mm256_set1_ps(-1.0f), _CMP_GT_OQ)));
+  // The cancelling terms: the caller's scalar path redoes them in float64.
+  const __m256 cancels =
+      _mm256_and_ps(_mm256_cmp_ps(nn, _mm256_set1_ps(2.0f), _CMP_GE_OQ), cancels8(la, r));
   _mm256_storeu_ps(term, _mm256_and_ps(exact, r));  // (0 in the lanes not exact)
   done = exact_bits & ~static_cast<unsigned>(_mm256_movemask_ps(cancels));
 }
@@ -141,23 +140,16 @@ DM_AVX2 void shared_table8_avx2(const float* a_in, const float* la_in, int top, 
   const __m256 a = _mm256_loadu_ps(a_in);
   const __m256 la = _mm256_loadu_ps(la_in);
   const __m256 one = _mm256_set1_ps(1.0f);
-  const __m256 small = _mm256_cmp_ps(a, _mm256_set1_ps(Tuning<float>::kStirlingMin), _CMP_LT_OQ);
-  const __m256 base = _mm256_blendv_ps(one, a, small);
-  const __m256 step = _mm256_blendv_ps(_mm256_div_ps(one, a), one, small);
-  const __m256 negative = _mm256_cmp_ps(la, _mm256_setzero_ps(), _CMP_LT_OQ);
-  const __m256 q_scale = _mm256_blendv_ps(one, a, small);  // adpoch: (small ? a : 1) Q / P
+  const Factors8 f = exact_factors8(a);
+  const __m256 q_scale = _mm256_blendv_ps(one, a, f.small);  // adpoch: (small ? a : 1) Q / P
   __m256 p = one, q = _mm256_setzero_ps();  // ExactRun after factors 1 .. n - 1
   for (int n = 1; n <= top; ++n) {
     const __m256 nf = _mm256_set1_ps(static_cast<float>(n));
     if (log_poch) {
       // exact_run_lnpoch, lnpoch_exact_cancels, then - log n!
-      const __m256 head = _mm256_blendv_ps(_mm256_mul_ps(nf, la), la, small);
+      const __m256 head = _mm256_blendv_ps(_mm256_mul_ps(nf, la), la, f.small);
       const __m256 r = _mm256_add_ps(head, host_log8(p));
-      const __m256 cancels =
-          n >= 2 ? _mm256_and_ps(negative,
-                                 _mm256_and_ps(_mm256_cmp_ps(r, one, _CMP_LT_OQ),
-                                               _mm256_cmp_ps(r, _mm256_set1_ps(-1.0f), _CMP_GT_OQ)))
-                 : _mm256_setzero_ps();
+      const __m256 cancels = n >= 2 ? cancels8(la, r) : _mm256_setzero_ps();
       redo[n] = static_cast<uint8_t>(_mm256_movemask_ps(cancels));
       _mm256_storeu_ps(entry[n], _mm256_sub_ps(r, _mm256_set1_ps(log_fact[n])));
     } else {
@@ -166,7 +158,7 @@ DM_AVX2 void shared_table8_avx2(const float* a_in, const float* la_in, int top, 
       _mm256_storeu_ps(entry[n], _mm256_add_ps(one, _mm256_mul_ps(q_scale, _mm256_div_ps(q, p))));
     }
     // exact_run_step
-    const __m256 t = _mm256_add_ps(base, _mm256_mul_ps(nf, step));
+    const __m256 t = _mm256_add_ps(f.base, _mm256_mul_ps(nf, f.step));
     q = _mm256_add_ps(_mm256_mul_ps(q, t), p);
     p = _mm256_mul_ps(p, t);
   }
@@ -174,20 +166,18 @@ DM_AVX2 void shared_table8_avx2(const float* a_in, const float* la_in, int top, 
 
 DM_AVX2 void shared_alpha_avx2(const float* la, int64_t n, float* alpha,
                                ExactFactors<float>* factors) {
-  const __m256 one = _mm256_set1_ps(1.0f);
   int64_t v = 0;
   for (; v + 8 <= n; v += 8) {
     const __m256 x = _mm256_loadu_ps(la + v);
     const __m128 lo = host_exp4(_mm256_castps256_ps128(x));
     const __m128 hi = host_exp4(_mm256_extractf128_ps(x, 1));
     const __m256 a = _mm256_insertf128_ps(_mm256_castps128_ps256(lo), hi, 1);
-    const __m256 small =
-        _mm256_cmp_ps(a, _mm256_set1_ps(Tuning<float>::kStirlingMin), _CMP_LT_OQ);
+    const Factors8 f = exact_factors8(a);
     alignas(32) float base[8], step[8];
     _mm256_storeu_ps(alpha + v, a);
-    _mm256_store_ps(base, _mm256_blendv_ps(one, a, small));
-    _mm256_store_ps(step, _mm256_blendv_ps(_mm256_div_ps(one, a), one, small));
-    const unsigned s = static_cast<unsigned>(_mm256_movemask_ps(small));
+    _mm256_store_ps(base, f.base);
+    _mm256_store_ps(step, f.step);
+    const unsigned s = static_cast<unsigned>(_mm256_movemask_ps(f.small));
     for (int j = 0; j < 8; ++j) factors[v + j] = {base[j], step[j], (s >> j & 1) != 0};
   }
   for (; v < n; ++v) {
