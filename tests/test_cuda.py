@@ -328,7 +328,7 @@ def test_in_block_table_fill_forward_matches_float64(dtype, V):
 # chunks, warps 1 to 3 rows; 5 rows: most warps have none and only fill.
 # Alpha's partial totals go to the blocks with one chunk fewer: fewer
 # chunks than SMs (69, 123 on an H200's 132) add blocks with none, which
-# only compute them (69: all of them at once, 123: two passes each); 132
+# only compute them (69: all of them at once, 123: up to two passes); 132
 # chunks spread evenly, and the first blocks compute them after their
 # chunk. log_alpha in the cancellation band and off it, counts off the
 # table (the columns made from log_alpha), normalized or not.

@@ -123,7 +123,6 @@ DM_AVX2 inline __m256 table_counts(__m256 c, __m256i& mi) {
   return hit;
 }
 
-
 DM_AVX2 inline int lane_max(__m256i x) {
   alignas(32) int b[8];
   _mm256_store_si256(reinterpret_cast<__m256i*>(b), x);

@@ -873,8 +873,8 @@ __global__ void __launch_bounds__(kRingWarps * 32, 1)
 // at once) for the finish, so that no alpha_prep_kernel runs before: its 32
 // blocks held 32 SMs' registers away from this kernel's blocks. With
 // finish (a cooperative launch), the blocks then finish the rows from the
-// partials behind a grid barrier, as finish_rows_kernel does. The same sums in the same order as
-// forward_table_kernel, and the same A.
+// partials behind a grid barrier, as finish_rows_kernel does. The same sums
+// in the same order as forward_table_kernel, and the same A.
 //
 // Measured without gain (GPU time per call): the next chunk's fill spread
 // between the rows of the current one, into a second slice buffer (which
