@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <tuple>
 #include <type_traits>
 #include <vector>
@@ -60,49 +61,87 @@ struct TablePlan {
   std::vector<uint8_t> tops;  // the last entry each column needs; empty: all
 };
 
+// An array of n values left uninitialized (a std::vector zeroes its
+// elements first: SharedAlpha's 5 MB at 262144 columns took ~0.2 ms).
+template <typename T>
+class UninitArray {
+ public:
+  explicit UninitArray(int64_t n) : p_(new T[n]) {}
+  T* data() { return p_.get(); }
+  const T* data() const { return p_.get(); }
+  T& operator[](int64_t i) { return p_[i]; }
+  const T& operator[](int64_t i) const { return p_[i]; }
+
+ private:
+  std::unique_ptr<T[]> p_;
+};
+
+// Columns per block of A's partial sums: fixed, so that A is the same bits
+// for any thread count.
+constexpr int64_t kAlphaSumBlock = 4096;
+
 // Per-column state for a shared concentration vector.
 template <typename scalar_t>
 struct SharedAlpha {
-  std::vector<scalar_t> alpha, log_alpha;
-  std::vector<ExactFactors<scalar_t>> factors;
+  int64_t V;
+  const scalar_t* log_alpha;  // the op's input (alive for the call)
+  UninitArray<scalar_t> alpha;
+  UninitArray<ExactFactors<scalar_t>> factors;
   double total = 0.0;  // A
   bool finite = true;
 
-  SharedAlpha(const scalar_t* la, int64_t V)
-      : alpha(V), log_alpha(la, la + V), factors(V) {
-    // The exps and divisions in parallel (wide: 262144 columns took ~4 ms
-    // on one thread), 1 / a for every column so that exact_factors does not
-    // branch.
-    torch::stable::parallel_for(0, V, 4096, [&](int64_t v0, int64_t v1) {
-      if constexpr (std::is_same_v<scalar_t, float>) {
-        if (cpu::shared_rows_avx2_available()) {  // (the same bits, eight at a time)
-          cpu::shared_alpha_avx2(la + v0, v1 - v0, alpha.data() + v0, factors.data() + v0);
-          return;
+  SharedAlpha(const scalar_t* la, int64_t V_) : V(V_), log_alpha(la), alpha(V_), factors(V_) {
+    // Blocks of kAlphaSumBlock columns in parallel: their exps and
+    // divisions (1 / a for every column, so that exact_factors does not
+    // branch), then their part of A in four interleaved sums over the
+    // columns in order; the parts are added in order after. (One chain of
+    // four sums over all the columns, after the exps, took ~0.16 ms at
+    // 262144 columns. With the arrays left uninitialized and the math
+    // path's skip of eight zeros, 2 cores, forward, ms, min of 25 calls,
+    // three rounds: 1x262144 of zeros 0.83-1.16 -> 0.44-0.52, one dense row
+    // 2.28-2.74 -> 1.72-2.15, eager 1.74-2.92.)
+    const int64_t blocks = (V + kAlphaSumBlock - 1) / kAlphaSumBlock;
+    std::vector<double> part(blocks);
+    std::vector<char> part_finite(blocks);
+    torch::stable::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
+      for (int64_t b = b0; b < b1; ++b) {
+        const int64_t v0 = b * kAlphaSumBlock, v1 = std::min(V, v0 + kAlphaSumBlock);
+        fill_columns(la, v0, v1);
+        double s[4] = {0.0, 0.0, 0.0, 0.0};
+        bool fin = true;
+        int64_t v = v0;
+        for (; v + 4 <= v1; v += 4) {
+          for (int j = 0; j < 4; ++j) {
+            s[j] += static_cast<double>(alpha[v + j]);
+            fin = fin && is_finite(la[v + j]);
+          }
         }
-      }
-      for (int64_t v = v0; v < v1; ++v) {
-        alpha[v] = dm_exp(la[v]);
-        factors[v] = exact_factors(alpha[v], scalar_t(1) / alpha[v]);
+        for (; v < v1; ++v) {
+          s[0] += static_cast<double>(alpha[v]);
+          fin = fin && is_finite(la[v]);
+        }
+        part[b] = (s[0] + s[1]) + (s[2] + s[3]);
+        part_finite[b] = fin;
       }
     });
-    // A in four interleaved sums over the columns in order (one chain of
-    // dependent adds took ~0.35 ms at 262144 columns): the same bits for
-    // any thread count.
-    double s[4] = {0.0, 0.0, 0.0, 0.0};
-    bool fin = true;
-    int64_t v = 0;
-    for (; v + 4 <= V; v += 4) {
-      for (int j = 0; j < 4; ++j) {
-        s[j] += static_cast<double>(alpha[v + j]);
-        fin = fin && is_finite(la[v + j]);
+    for (int64_t b = 0; b < blocks; ++b) {
+      total += part[b];
+      finite = finite && part_finite[b];
+    }
+  }
+
+  // alpha and factors of columns [v0, v1).
+  void fill_columns(const scalar_t* la, int64_t v0, int64_t v1) {
+    if constexpr (std::is_same_v<scalar_t, float>) {
+      if (cpu::shared_rows_avx2_available()) {  // (the same bits, eight at a time)
+        cpu::shared_alpha_avx2(la + v0, v1 - v0, alpha.data() + v0, factors.data() + v0);
+        return;
       }
     }
-    for (; v < V; ++v) {
-      s[0] += static_cast<double>(alpha[v]);
-      fin = fin && is_finite(la[v]);
+    for (int64_t v = v0; v < v1; ++v) {
+      alpha[v] = dm_exp(la[v]);
+      factors[v] = exact_factors(alpha[v], scalar_t(1) / alpha[v]);
     }
-    total = (s[0] + s[1]) + (s[2] + s[3]);
-    finite = fin;
   }
 
   // (V, kTableWidth) exact-path values of the small integer counts, when
@@ -121,7 +160,6 @@ struct SharedAlpha {
   // forward+backward 64x65536 22.4 (21-23) -> 19.9 (19-21), 16x65536 10.4
   // (8.2-13) -> 9.0 (7.2-9.9).
   std::vector<scalar_t> table(const TablePlan& plan, bool log_poch, bool normalize) const {
-    const int64_t V = static_cast<int64_t>(alpha.size());
     if (!plan.build) return {};
     const std::vector<uint8_t>& tops = plan.tops;
     std::vector<scalar_t> t(V * kTableWidth);
@@ -163,7 +201,7 @@ struct SharedAlpha {
       if (!tops.empty()) top = *std::max_element(tops.begin() + v, tops.begin() + v + 8);
       float entry[kTableWidth][8];
       uint8_t redo[kTableWidth];
-      cpu::shared_table8_avx2(alpha.data() + v, log_alpha.data() + v, top, log_poch,
+      cpu::shared_table8_avx2(alpha.data() + v, log_alpha + v, top, log_poch,
                               log_fact.data(), entry, redo);
       for (int j = 0; j < 8; ++j) {
         float* column = t.data() + (v + j) * kTableWidth;
@@ -257,19 +295,19 @@ inline void add_math_term(RowSums& r, const SharedAlpha<scalar_t>& sa, int64_t v
   if (normalize) r.s -= log_factorial(n);
 }
 
-// Whether the sixteen counts from p are all zero (+0 or -0), from their
-// bits: one test for sixteen, with no conversion.
-template <typename count_t>
-inline bool zeros16(const count_t* p) {
+// Whether the kN counts from p are all zero (+0 or -0), from their bits:
+// one test for all, with no conversion.
+template <int kN, typename count_t>
+inline bool all_zeros(const count_t* p) {
   using U = std::conditional_t<
       sizeof(count_t) == 1, uint8_t,
       std::conditional_t<sizeof(count_t) == 2, uint16_t,
                          std::conditional_t<sizeof(count_t) == 4, uint32_t, uint64_t>>>;
   static_assert(sizeof(U) == sizeof(count_t), "a count is 1, 2, 4 or 8 bytes");
-  U u[16];
+  U u[kN];
   std::memcpy(u, p, sizeof(u));
   U any = 0;
-  for (int i = 0; i < 16; ++i) any = static_cast<U>(any | u[i]);
+  for (int i = 0; i < kN; ++i) any = static_cast<U>(any | u[i]);
   // Floating types (float, double, Half, BFloat16): the sign bit aside.
   constexpr U kMagnitude = std::is_integral_v<count_t>
                                ? static_cast<U>(~U(0))
@@ -395,9 +433,12 @@ RowSums lnp_row_sums(const count_t* row, int64_t v0, int64_t v1,
         const std::array<float, kTableWidth>& log_fact = small_log_factorials<float>();
         float nbuf[8], term[8];
         for (; v + 8 <= v1; v += 8) {
+          // Eight zeros add nothing (as below; their lanes' work and sixteen
+          // adds of +0 took one row of 262144 zeros ~0.17 ms).
+          if (all_zeros<8>(row + v)) continue;
           const float* n = counts_as_float(row, v, 8, nbuf);
           unsigned nonzero, done;
-          cpu::shared_lnpoch8_avx2(sa.alpha.data() + v, sa.log_alpha.data() + v, n, term,
+          cpu::shared_lnpoch8_avx2(sa.alpha.data() + v, sa.log_alpha + v, n, term,
                                    nonzero, done);
           // Lane j's term as add_math_term adds it (its count is 0..16).
           auto add_done = [&](int j) {
@@ -444,7 +485,7 @@ RowSums lnp_row_sums(const count_t* row, int64_t v0, int64_t v1,
     // Sixteen zeros add nothing: one branch, taken nearly always in sparse
     // rows and nearly never in dense ones (so predicted either way); the
     // sixteen counts otherwise in four interleaved sums.
-    if (zeros16(row + v)) continue;
+    if (all_zeros<16>(row + v)) continue;
     for (int i = 0; i < 16; i += 4) {
       add(v + i, s[0]);
       add(v + i + 1, s[1]);
@@ -707,7 +748,7 @@ double add_row_gradient(const count_t* row, int64_t V, double g,
   // (lambdas through a helper) made both loops ~50% slower (GCC codegen).
   int64_t v = 0;
   for (; v + 16 <= V; v += 16) {
-    if (zeros16(row + v)) continue;
+    if (all_zeros<16>(row + v)) continue;
     for (int i = 0; i < 16; ++i) add(v + i);
   }
   for (; v < V; ++v) add(v);
