@@ -73,8 +73,8 @@ inline float host_exp(float x) {
   const int k = static_cast<int>(kd);
   const double y = (t - kd) * host_float::kLn2Over64;
   uint64_t bits;
-  std::memcpy(&bits, &host_float::kExp2[k & 63], sizeof bits);
-  bits += static_cast<uint64_t>(static_cast<int64_t>(k >> 6)) << 52;
+  std::memcpy(&bits, &host_float::kExp2[k & ((1 << host_float::kExpTableBits) - 1)], sizeof bits);
+  bits += static_cast<uint64_t>(static_cast<int64_t>(k >> host_float::kExpTableBits)) << 52;
   double scale;
   std::memcpy(&scale, &bits, sizeof scale);
   return static_cast<float>(scale * host_float::expm_small(y));

@@ -106,7 +106,7 @@ struct SharedAlpha {
     torch::stable::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
       for (int64_t b = b0; b < b1; ++b) {
         const int64_t v0 = b * kAlphaSumBlock, v1 = std::min(V, v0 + kAlphaSumBlock);
-        fill_columns(la, v0, v1);
+        fill_columns(v0, v1);
         double s[4] = {0.0, 0.0, 0.0, 0.0};
         bool fin = true;
         int64_t v = v0;
@@ -131,15 +131,15 @@ struct SharedAlpha {
   }
 
   // alpha and factors of columns [v0, v1).
-  void fill_columns(const scalar_t* la, int64_t v0, int64_t v1) {
+  void fill_columns(int64_t v0, int64_t v1) {
     if constexpr (std::is_same_v<scalar_t, float>) {
       if (cpu::shared_rows_avx2_available()) {  // (the same bits, eight at a time)
-        cpu::shared_alpha_avx2(la + v0, v1 - v0, alpha.data() + v0, factors.data() + v0);
+        cpu::shared_alpha_avx2(log_alpha + v0, v1 - v0, alpha.data() + v0, factors.data() + v0);
         return;
       }
     }
     for (int64_t v = v0; v < v1; ++v) {
-      alpha[v] = dm_exp(la[v]);
+      alpha[v] = dm_exp(log_alpha[v]);
       factors[v] = exact_factors(alpha[v], scalar_t(1) / alpha[v]);
     }
   }

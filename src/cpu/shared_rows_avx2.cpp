@@ -64,10 +64,11 @@ DM_AVX2 inline __m128 host_exp4(__m128 x) {
   q = _mm256_add_pd(_mm256_mul_pd(q, y), _mm256_set1_pd(0.5));
   q = _mm256_add_pd(_mm256_mul_pd(q, y), _mm256_set1_pd(1.0));
   const __m256d p = _mm256_add_pd(_mm256_mul_pd(q, y), _mm256_set1_pd(1.0));
-  const __m128i j = _mm_and_si128(k, _mm_set1_epi32(63));
+  const __m128i j = _mm_and_si128(k, _mm_set1_epi32((1 << host_float::kExpTableBits) - 1));
   const __m256d all = _mm256_castsi256_pd(_mm256_set1_epi64x(-1));
   const __m256d two_j = _mm256_mask_i32gather_pd(_mm256_setzero_pd(), host_float::kExp2, j, all, 8);
-  const __m256i e = _mm256_slli_epi64(_mm256_cvtepi32_epi64(_mm_srai_epi32(k, 6)), 52);
+  const __m128i k_hi = _mm_srai_epi32(k, host_float::kExpTableBits);
+  const __m256i e = _mm256_slli_epi64(_mm256_cvtepi32_epi64(k_hi), 52);
   const __m256d scale = _mm256_castsi256_pd(_mm256_add_epi64(_mm256_castpd_si256(two_j), e));
   const __m128 r = _mm256_cvtpd_ps(_mm256_mul_pd(scale, p));
   return _mm_blendv_ps(r, x, _mm_cmpunord_ps(x, x));
