@@ -16,7 +16,8 @@ Each run prints its label and the median time per call of every shape
 (`--timing graph`: CUDA-graph replays, the GPU time), then, for every other
 label's saved outputs in --out, whether they are bitwise equal to its own.
 Inputs are drawn from a generator seeded by the shape, so both builds see the
-same counts (integers 0..--max-count) and log_alpha (U(-2, 3)). Runs on CPU
+same counts (integers 0..--max-count) and log_alpha (U(-2, 3); one per element
+with --per-sample). Runs on CPU
 too (then times are host times, `time.perf_counter`). If exp/ is listed in
 .git/info/exclude, pass it to the device call's `carry`.
 """
@@ -43,6 +44,8 @@ def main() -> None:
     parser.add_argument("--shapes", nargs="+", default=DEFAULT_SHAPES, help="BxV shapes")
     parser.add_argument("--out", default=".", help="folder for the saved outputs")
     parser.add_argument("--max-count", type=int, default=9)
+    parser.add_argument("--per-sample", action="store_true",
+                        help="log_alpha of the counts' shape (B, V) instead of (V,)")
     parser.add_argument("--timing", default="graph", choices=["graph", "queued", "synced"])
     parser.add_argument("--no-time", action="store_true", help="only compare the outputs")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -54,7 +57,7 @@ def main() -> None:
         B, V = parse_shape(shape)
         g = torch.Generator(device=dev).manual_seed(B * 7919 + V)
         counts = torch.randint(0, args.max_count + 1, (B, V), device=dev, generator=g).float()
-        la = torch.empty(V, device=dev).uniform_(-2, 3, generator=g)
+        la = torch.empty((B, V) if args.per_sample else (V,), device=dev).uniform_(-2, 3, generator=g)
         with torch.no_grad():
             outs[shape] = torch.stack([dirmult_ext.log_lik(counts, la, normalize=nm)
                                        for nm in (False, True)]).cpu()
@@ -72,8 +75,10 @@ def main() -> None:
         common = [k for k in outs if k in other]
         same = [k for k in common if torch.equal(outs[k], other[k])]
         differ = [k for k in common if k not in same]
+        rel = [f"{k}: {((outs[k] - other[k]).abs() / other[k].abs().clamp_min(1e-30)).max().item():.1e}"
+               for k in differ]
         print(f"{args.label} vs {name[3:-3]}: bitwise equal on {len(same)} of {len(common)} shapes"
-              + (f" (differ: {' '.join(differ)})" if differ else ""))
+              + (f" (differ, largest relative difference: {', '.join(rel)})" if differ else ""))
 
 
 if __name__ == "__main__":

@@ -57,7 +57,9 @@ struct RowItem {
 
 __device__ __forceinline__ RowItem row_item(const RowSplit& split, int64_t B, int64_t V) {
   const int64_t item = static_cast<int64_t>(blockIdx.x) * kRowWarps + (threadIdx.x >> 5);
-  const int64_t b = item / split.num_chunks, c = item % split.num_chunks;
+  // (A row of one chunk skips the 64-bit division, a call of ~70 instructions.)
+  const int64_t nc = split.num_chunks;
+  const int64_t b = nc == 1 ? item : item / nc, c = nc == 1 ? 0 : item % nc;
   const int64_t v_begin = c * split.chunk_len;
   return {b, c, v_begin, min(V, v_begin + split.chunk_len), item < B * split.num_chunks};
 }
@@ -77,21 +79,56 @@ __device__ __forceinline__ void write_row_result(const RowItem& it, const RowSpl
   }
 }
 
-// The per-sample kernels' end: the warp's sums of its (row, chunk) item
-// reduced and written by lane 0 (write_row_result). Warp-uniform calls only.
+// The sums of four doubles over the warp, transposed: every lane gets the
+// sum of value 2 * bit 4 + bit 3 of its lane (lane 0: v0, 8: v1, 16: v2,
+// 24: v3). The first two levels exchange only the values a lane keeps
+// (three shuffles of doubles in place of eight), the rest is warp_allsum's
+// butterfly; a fixed order, and the lanes of a group of 8 hold the same bits.
+// Warp-uniform call.
+__device__ __forceinline__ double warp_sum4_transposed(double v0, double v1, double v2, double v3) {
+  const int lane = threadIdx.x & 31;
+  const bool hi16 = (lane & 16) != 0, hi8 = (lane & 8) != 0;
+  double k0 = hi16 ? v2 : v0, k1 = hi16 ? v3 : v1;
+  k0 += __shfl_xor_sync(0xffffffffu, hi16 ? v0 : v2, 16);
+  k1 += __shfl_xor_sync(0xffffffffu, hi16 ? v1 : v3, 16);
+  double k = hi8 ? k1 : k0;
+  k += __shfl_xor_sync(0xffffffffu, hi8 ? k0 : k1, 8);
+#pragma unroll
+  for (int o = 4; o > 0; o >>= 1) k += __shfl_xor_sync(0xffffffffu, k, o);
+  return k;
+}
+
+// The per-sample kernels' end, for the whole block (every thread calls it,
+// its warps' items valid or not): each warp's four sums go to shared memory
+// (warp_sum4_transposed), then the block's first kRowWarps threads write an
+// item each: its row's value (finish_row) where the row is one chunk, else
+// the chunk's partial for finish_rows_kernel (write_row_result's layout: an
+// item is row * num_chunks + chunk). finish_row's float64 lgammas run once
+// per thread instead of once per warp: at 1024 columns a row's reductions
+// and finish were ~15% of the per-sample forward's instructions.
 template <typename scalar_t>
-__device__ __forceinline__ void write_per_sample_row(const RowItem& it, const RowSplit& split,
-                                                     double acc, double N, double norm, double A,
-                                                     bool ok, bool normalize,
-                                                     scalar_t* __restrict__ out,
-                                                     RowPartial* __restrict__ partial) {
-  acc = warp_sum(acc);
-  N = warp_sum(N);
-  norm = warp_sum(norm);
-  A = warp_sum(A);
+__device__ __forceinline__ void write_per_sample_rows(const RowSplit& split, int64_t B,
+                                                      double acc, double N, double norm,
+                                                      double A, bool ok, bool normalize,
+                                                      scalar_t* __restrict__ out,
+                                                      RowPartial* __restrict__ partial) {
+  __shared__ double sums[kRowWarps][4];
+  __shared__ bool sums_ok[kRowWarps];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const double s = warp_sum4_transposed(acc, N, norm, A);
   const bool row_ok = __all_sync(0xffffffffu, ok);
-  if ((threadIdx.x & 31) == 0) {
-    write_row_result(it, split, 1, 0, row_ok ? acc : NAN, N, norm, A, normalize, out, partial);
+  if ((lane & 7) == 0) sums[warp][lane >> 3] = s;
+  if (lane == 0) sums_ok[warp] = row_ok;
+  __syncthreads();
+  const int64_t item = static_cast<int64_t>(blockIdx.x) * kRowWarps + threadIdx.x;
+  if (threadIdx.x < kRowWarps && item < B * split.num_chunks) {
+    const double* v = sums[threadIdx.x];
+    const double a = sums_ok[threadIdx.x] ? v[0] : NAN;
+    if (split.num_chunks == 1) {
+      out[item] = static_cast<scalar_t>(finish_row(a, v[1], v[2], v[3], normalize));
+    } else {
+      partial[item] = {a, v[1], v[2], v[3]};
+    }
   }
 }
 
@@ -227,8 +264,8 @@ __global__ void __launch_bounds__(kRowWarps * 32)
                                    scalar_t* __restrict__ out, RowPartial* __restrict__ partial) {
   const int lane = threadIdx.x & 31;
   const RowItem it = row_item(split, B, V);
-  if (!it.valid) return;
-  const int64_t v_begin = it.v_begin, v_end = it.v_end;
+  // (A warp past the last item runs no loads: the block finishes together.)
+  const int64_t v_begin = it.v_begin, v_end = it.valid ? it.v_end : it.v_begin;
   const count_t* row = counts + it.b * V;
   const scalar_t* lrow = log_alpha + it.b * V;
 
@@ -279,7 +316,7 @@ __global__ void __launch_bounds__(kRowWarps * 32)
       }
     }
   }
-  write_per_sample_row(it, split, acc, N, norm, A, ok, normalize, out, partial);
+  write_per_sample_rows(split, B, acc, N, norm, A, ok, normalize, out, partial);
 }
 
 // Sums the chunk partials of each (row, component) in a fixed order: a
