@@ -48,6 +48,9 @@ def main() -> None:
                         help="log_alpha of the counts' shape (B, V) instead of (V,)")
     parser.add_argument("--timing", default="graph", choices=["graph", "queued", "synced"])
     parser.add_argument("--no-time", action="store_true", help="only compare the outputs")
+    parser.add_argument("--grad", action="store_true",
+                        help="time forward+backward (the gradient of a random weighting of the "
+                             "rows with respect to log_alpha) and compare the gradients too")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
     dev = torch.device(args.device)
@@ -58,6 +61,17 @@ def main() -> None:
         g = torch.Generator(device=dev).manual_seed(B * 7919 + V)
         counts = torch.randint(0, args.max_count + 1, (B, V), device=dev, generator=g).float()
         la = torch.empty((B, V) if args.per_sample else (V,), device=dev).uniform_(-2, 3, generator=g)
+        if args.grad:
+            la_g = la.clone().requires_grad_(True)
+            w = torch.rand(B, device=dev, generator=g)
+
+            def call():
+                return torch.autograd.grad(dirmult_ext.log_lik(counts, la_g), la_g, w)[0]
+
+            outs[shape] = call().cpu()
+            if not args.no_time:
+                times.append(f"{shape} {timer(call)['median_us']:.2f}")
+            continue
         with torch.no_grad():
             outs[shape] = torch.stack([dirmult_ext.log_lik(counts, la, normalize=nm)
                                        for nm in (False, True)]).cpu()

@@ -115,8 +115,9 @@ void launch_backward_elementwise(const Tensor& grad, const Tensor& counts, const
 }
 
 // Per-sample float32 alpha, no counts gradient: a warp per (row, chunk) for
-// the gradient, after a warp per row for the totals where rows are split
-// (one chunk per row: the gradient kernel sums its row's totals itself).
+// the gradient, after a warp per (row, chunk) for the pieces of the row
+// totals where rows are split (one chunk per row: the gradient kernel sums
+// its row's totals itself).
 template <typename count_t>
 void launch_backward_per_sample_float(const Tensor& grad, const Tensor& counts,
                                       const Tensor& log_alpha, int64_t B, int64_t V,
@@ -126,19 +127,19 @@ void launch_backward_per_sample_float(const Tensor& grad, const Tensor& counts,
   const bool aligned = V % 4 == 0 && is_aligned<count_t>(n) && is_aligned<float>(la) &&
                        is_aligned<float>(grad_la);
   const RowSplit split = split_rows(B, V);
+  const int64_t blocks = ceil_div(B * split.num_chunks, kRowWarps);
   Tensor ws;
-  RowTotals* totals = nullptr;
+  PerSampleSums* sums = nullptr;
   if (split.num_chunks > 1) {
-    ws = workspace(counts, B * static_cast<int64_t>(sizeof(RowTotals)));
-    totals = static_cast<RowTotals*>(ws.mutable_data_ptr());
-    per_sample_row_totals_kernel<count_t><<<ceil_div(B, kRowWarps), kRowWarps * 32, 0, stream>>>(
-        n, la, B, V, aligned, normalize, totals);
+    ws = workspace(counts, B * split.num_chunks * static_cast<int64_t>(sizeof(PerSampleSums)));
+    sums = static_cast<PerSampleSums*>(ws.mutable_data_ptr());
+    per_sample_chunk_sums_kernel<count_t><<<blocks, kRowWarps * 32, 0, stream>>>(
+        n, la, B, V, split, aligned, sums);
     DM_CUDA_CHECK_LAUNCH();
   }
-  per_sample_grad_kernel<count_t>
-      <<<ceil_div(B * split.num_chunks, kRowWarps), kRowWarps * 32, 0, stream>>>(
-          static_cast<const float*>(grad.const_data_ptr()), n, la, totals, B, V, split, aligned,
-          normalize, grad_la);
+  per_sample_grad_kernel<count_t><<<blocks, kRowWarps * 32, 0, stream>>>(
+      static_cast<const float*>(grad.const_data_ptr()), n, la, sums, B, V, split, aligned,
+      normalize, grad_la);
   DM_CUDA_CHECK_LAUNCH();
 }
 
