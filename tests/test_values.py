@@ -331,12 +331,16 @@ def _simd_switch_results(counts, la, w):
     return out
 
 
-@pytest.mark.parametrize("B", [4, 70])
-def test_cpu_simd_switch_keeps_the_bits(tmp_path, B):
-    V = 4101
+# (4, 4101): the math path in rows (forward and gradient); (3, 20000): few
+# long rows, the gradient by column chunks; (70, 4101): the tables; uint8:
+# counts converted for the vector lanes.
+@pytest.mark.parametrize("B, V, dtype", [(4, 4101, torch.float32), (70, 4101, torch.float32),
+                                         (3, 20000, torch.float32), (3, 20000, torch.uint8)])
+def test_cpu_simd_switch_keeps_the_bits(tmp_path, B, V, dtype):
     counts = torch.randint(0, 17, (B, V)) * (torch.rand(B, V) < 0.8)
     counts = counts.float()
     counts[0, 5], counts[1, 9] = 2.5, 40.0
+    counts = counts.to(dtype)
     la = torch.empty(V).uniform_(-3.0, 3.5)
     w = torch.rand(B)
     torch.save({"counts": counts, "la": la, "w": w}, tmp_path / "in.pt")

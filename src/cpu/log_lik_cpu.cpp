@@ -676,10 +676,12 @@ void row_totals(const count_t* counts, const scalar_t* la, bool shared,
 // backward_shared for a few long rows: the row totals by column chunks,
 // then the columns in parallel chunks, each summing its rows in order (the
 // same order, so the same bits, as one block of rows in backward_shared).
+// vector_math: no table (term() is the math path), so the counts 1..16 may
+// take shared_adpoch8_avx2.
 template <typename scalar_t, typename count_t, typename Term>
 void backward_shared_few_rows(const scalar_t* grad, const count_t* counts,
                               const SharedAlpha<scalar_t>& sa, int64_t B, int64_t V, Term term,
-                              scalar_t* grad_la) {
+                              bool vector_math, scalar_t* grad_la) {
   std::vector<double> N(B);
   for_each_row(
       B, V,
@@ -694,7 +696,40 @@ void backward_shared_few_rows(const scalar_t* grad, const count_t* counts,
   }
   if (!sa.finite) S = kNaN;
   torch::stable::parallel_for(0, V, kColumnChunk / 4, [&](int64_t v0, int64_t v1) {
-    for (int64_t v = v0; v < v1; ++v) {
+    int64_t v = v0;
+    if constexpr (std::is_same_v<scalar_t, float>) {
+      if (vector_math && vector_math_path<scalar_t>()) {
+        // Eight columns at a time, each row's terms from shared_adpoch8_avx2
+        // (the scalar path's bits) or term(), every column summing its rows
+        // in order as below: the same bits.
+        float nbuf[8], tv[8];
+        for (; v + 8 <= v1; v += 8) {
+          double c[8] = {};
+          for (int64_t b = 0; b < B; ++b) {
+            const count_t* row = counts + b * V;
+            if (grad[b] == scalar_t(0) || all_zeros<8>(row + v)) continue;
+            const float* n = counts_as_float(row, v, 8, nbuf);
+            unsigned nonzero, done;
+            cpu::shared_adpoch8_avx2(sa.alpha.data() + v, n, tv, nonzero, done);
+            const double g = static_cast<double>(grad[b]);
+            for (; nonzero != 0; nonzero &= nonzero - 1) {
+              const int j = __builtin_ctz(nonzero);
+              if (done >> j & 1) {
+                c[j] += g * static_cast<double>(tv[j]);
+                continue;
+              }
+              const scalar_t x = static_cast<scalar_t>(row[v + j]);
+              if (x == scalar_t(0) || !is_valid_count(x)) continue;
+              c[j] += g * static_cast<double>(term(v + j, x));
+            }
+          }
+          for (int j = 0; j < 8; ++j) {
+            grad_la[v + j] = static_cast<scalar_t>(c[j] - static_cast<double>(sa.alpha[v + j]) * S);
+          }
+        }
+      }
+    }
+    for (; v < v1; ++v) {
       double c = 0.0;
       for (int64_t b = 0; b < B; ++b) {
         const scalar_t n = static_cast<scalar_t>(counts[b * V + v]);
@@ -730,7 +765,30 @@ double add_row_gradient(const count_t* row, int64_t V, double g,
     c[v] += g * static_cast<double>(adpoch(sa.factors[v], sa.alpha[v], n));
   };
   if (table.empty()) {
-    for (int64_t v = 0; v < V; ++v) rare(v);
+    int64_t v = 0;
+    if constexpr (std::is_same_v<scalar_t, float>) {
+      if (vector_math_path<scalar_t>()) {
+        // Eight columns at a time (shared_adpoch8_avx2: the scalar path's
+        // bits), the counts it leaves by rare(), in column order.
+        float nbuf[8], term[8];
+        for (; v + 8 <= V; v += 8) {
+          if (all_zeros<8>(row + v)) continue;
+          unsigned nonzero, done;
+          cpu::shared_adpoch8_avx2(sa.alpha.data() + v, counts_as_float(row, v, 8, nbuf), term,
+                                   nonzero, done);
+          for (; nonzero != 0; nonzero &= nonzero - 1) {
+            const int j = __builtin_ctz(nonzero);
+            if (done >> j & 1) {
+              rare_N += static_cast<double>(row[v + j]);
+              c[v + j] += g * static_cast<double>(term[j]);
+            } else {
+              rare(v + j);
+            }
+          }
+        }
+      }
+    }
+    for (; v < V; ++v) rare(v);
     return ok ? rare_N : kNaN;
   }
   const scalar_t* t = table.data();
@@ -781,7 +839,8 @@ void backward_shared(const scalar_t* grad, const count_t* counts,
   std::vector<scalar_t> lnp;
   if constexpr (kRows) lnp = lnp_table(sa, plan, rows.normalize);
   if (!kRows && B < kRowsForRowsOnly && V > kColumnChunk) {
-    backward_shared_few_rows<scalar_t, count_t>(grad, counts, sa, B, V, term, grad_la);
+    backward_shared_few_rows<scalar_t, count_t>(grad, counts, sa, B, V, term, table.empty(),
+                                                grad_la);
     return;
   }
   // Fixed partition of rows into blocks; depends on (B, V) only.

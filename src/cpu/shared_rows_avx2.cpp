@@ -88,11 +88,15 @@ DM_AVX2 inline __m256 cancels8(__m256 la, __m256 r) {
                                      _mm256_cmp_ps(r, _mm256_set1_ps(-1.0f), _CMP_GT_OQ)));
 }
 
-}  // namespace
+// The lanes of n that are integers 1..16 (exact), as a mask and as bits,
+// the lanes that are not 0 (NaN included), and the largest exact count.
+struct ExactLanes8 {
+  __m256 exact;
+  unsigned exact_bits, nonzero;
+  int top;
+};
 
-DM_AVX2 void shared_lnpoch8_avx2(const float* a_in, const float* la_in, const float* n_in,
-                                 float* term, unsigned& nonzero, unsigned& done) {
-  const __m256 n = _mm256_loadu_ps(n_in);
+DM_AVX2 inline ExactLanes8 exact_lanes8(const float* n_in, __m256 n) {
   // Integers 1..16: n + 2^23 puts the rounded integer in the low mantissa
   // bits; it is n exactly iff n is an integer (table_index's test).
   const __m256 two23 = _mm256_set1_ps(8388608.0f);
@@ -101,11 +105,29 @@ DM_AVX2 void shared_lnpoch8_avx2(const float* a_in, const float* la_in, const fl
   const __m256i in_range = _mm256_andnot_si256(
       _mm256_cmpgt_epi32(idx, _mm256_set1_epi32(kMaxExactCount)),
       _mm256_cmpgt_epi32(idx, _mm256_setzero_si256()));
-  const __m256 exact = _mm256_and_ps(_mm256_castsi256_ps(in_range),
-                                     _mm256_cmp_ps(_mm256_sub_ps(t, two23), n, _CMP_EQ_OQ));
-  nonzero = static_cast<unsigned>(
+  ExactLanes8 e;
+  e.exact = _mm256_and_ps(_mm256_castsi256_ps(in_range),
+                          _mm256_cmp_ps(_mm256_sub_ps(t, two23), n, _CMP_EQ_OQ));
+  e.nonzero = static_cast<unsigned>(
       _mm256_movemask_ps(_mm256_cmp_ps(n, _mm256_setzero_ps(), _CMP_NEQ_UQ)));
-  const unsigned exact_bits = static_cast<unsigned>(_mm256_movemask_ps(exact));
+  e.exact_bits = static_cast<unsigned>(_mm256_movemask_ps(e.exact));
+  e.top = 0;
+  for (int j = 0; j < 8; ++j) {
+    if (e.exact_bits >> j & 1) e.top = std::max(e.top, static_cast<int>(n_in[j]));
+  }
+  return e;
+}
+
+}  // namespace
+
+DM_AVX2 void shared_lnpoch8_avx2(const float* a_in, const float* la_in, const float* n_in,
+                                 float* term, unsigned& nonzero, unsigned& done) {
+  const __m256 n = _mm256_loadu_ps(n_in);
+  const ExactLanes8 e = exact_lanes8(n_in, n);
+  const __m256 exact = e.exact;
+  const unsigned exact_bits = e.exact_bits;
+  const int top = e.top;
+  nonzero = e.nonzero;
   done = 0;
   if (exact_bits == 0) {
     _mm256_storeu_ps(term, _mm256_setzero_ps());
@@ -117,10 +139,6 @@ DM_AVX2 void shared_lnpoch8_avx2(const float* a_in, const float* la_in, const fl
   // lnpoch_exact: the product of factors 1 .. n - 1 (the lanes past their
   // count keep theirs), then its log.
   const __m256 nn = _mm256_and_ps(exact, n);
-  int top = 0;
-  for (int j = 0; j < 8; ++j) {
-    if (exact_bits >> j & 1) top = std::max(top, static_cast<int>(n_in[j]));
-  }
   __m256 p = one;
   for (int k = 1; k < top; ++k) {
     const __m256 kf = _mm256_set1_ps(static_cast<float>(k));
@@ -134,6 +152,35 @@ DM_AVX2 void shared_lnpoch8_avx2(const float* a_in, const float* la_in, const fl
       _mm256_and_ps(_mm256_cmp_ps(nn, _mm256_set1_ps(2.0f), _CMP_GE_OQ), cancels8(la, r));
   _mm256_storeu_ps(term, _mm256_and_ps(exact, r));  // (0 in the lanes not exact)
   done = exact_bits & ~static_cast<unsigned>(_mm256_movemask_ps(cancels));
+}
+
+DM_AVX2 void shared_adpoch8_avx2(const float* a_in, const float* n_in, float* term,
+                                 unsigned& nonzero, unsigned& done) {
+  const __m256 n = _mm256_loadu_ps(n_in);
+  const ExactLanes8 e = exact_lanes8(n_in, n);
+  nonzero = e.nonzero;
+  done = e.exact_bits;
+  if (e.exact_bits == 0) {
+    _mm256_storeu_ps(term, _mm256_setzero_ps());
+    return;
+  }
+  const __m256 a = _mm256_loadu_ps(a_in);
+  const __m256 one = _mm256_set1_ps(1.0f);
+  const Factors8 f = exact_factors8(a);
+  // adpoch_exact: P and Q over factors 1 .. n - 1 (the lanes past their
+  // count keep theirs), then 1 + (small ? a : 1) Q / P.
+  const __m256 nn = _mm256_and_ps(e.exact, n);
+  __m256 p = one, q = _mm256_setzero_ps();
+  for (int k = 1; k < e.top; ++k) {
+    const __m256 kf = _mm256_set1_ps(static_cast<float>(k));
+    const __m256 t = _mm256_add_ps(f.base, _mm256_mul_ps(kf, f.step));
+    const __m256 use = _mm256_cmp_ps(kf, nn, _CMP_LT_OQ);
+    q = _mm256_blendv_ps(q, _mm256_add_ps(_mm256_mul_ps(q, t), p), use);
+    p = _mm256_blendv_ps(p, _mm256_mul_ps(p, t), use);
+  }
+  const __m256 scale = _mm256_blendv_ps(one, a, f.small);
+  const __m256 r = _mm256_add_ps(one, _mm256_mul_ps(scale, _mm256_div_ps(q, p)));
+  _mm256_storeu_ps(term, _mm256_and_ps(e.exact, r));  // (0 in the lanes not exact)
 }
 
 DM_AVX2 void shared_table8_avx2(const float* a_in, const float* la_in, int top, bool log_poch,
@@ -193,6 +240,10 @@ bool shared_rows_avx2_available() { return false; }
 
 void shared_lnpoch8_avx2(const float*, const float*, const float*, float*, unsigned& nonzero,
                          unsigned& done) {
+  nonzero = done = 0;
+}
+
+void shared_adpoch8_avx2(const float*, const float*, float*, unsigned& nonzero, unsigned& done) {
   nonzero = done = 0;
 }
 

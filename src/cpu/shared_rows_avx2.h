@@ -31,6 +31,15 @@ bool shared_rows_avx2_available();
 void shared_lnpoch8_avx2(const float* a, const float* la, const float* n, float* term,
                          unsigned& nonzero, unsigned& done);
 
+// The gradient's math path the same way: for the counts n[0..8) of eight
+// columns with concentrations a[0..8), writes a dpoch(a, n) (math.h
+// adpoch_exact, the scalar path's bits) to term[j] for the counts that are
+// integers 1..16 and +0 to the other lanes. done and nonzero as for
+// shared_lnpoch8_avx2 (no term of this path is redone). Only when
+// shared_rows_avx2_available().
+void shared_adpoch8_avx2(const float* a, const float* n, float* term, unsigned& nonzero,
+                         unsigned& done);
+
 // The lookup-table entries 1 .. top of eight columns with concentrations
 // a[0..8) and log-concentrations la[0..8), in one run of running products
 // (SharedAlpha::table's, math.h exact_run_step): entry[n][j] for column j
