@@ -96,3 +96,25 @@ def test_sparse_rows_and_empty_rows(device):
     ref = components_float64(counts, log_alpha, True)
     torch.testing.assert_close(out.double().cpu(), ref, rtol=2e-6, atol=2e-5)
     assert (out[1::2] == 0).all()  # an empty row has probability one
+
+
+# CPU: component k is log_lik with log_alpha[k], by the same kernels, so the
+# same bits, forward and gradient: few long rows (column chunks), rows under
+# the tables' threshold, table rows; float32 (vector math path) and float64.
+@pytest.mark.parametrize("B, V", [(3, 20000), (4, 700), (70, 900)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("normalize", [False, True])
+def test_cpu_components_are_log_lik_per_component(B, V, dtype, normalize):
+    K = 3
+    counts = mixed_counts(B, V, "cpu", dtype)
+    la = torch.empty(K, V, dtype=dtype).uniform_(-3.0, 3.5)
+    w = torch.rand(B, K, dtype=dtype)
+    lk = la.clone().requires_grad_()
+    out = dirmult_ext.log_lik_components(counts, lk, normalize=normalize)
+    g, = torch.autograd.grad((out * w).sum(), lk)
+    for k in range(K):
+        lg = la[k].clone().requires_grad_()
+        row = dirmult_ext.log_lik(counts, lg, normalize=normalize)
+        gk, = torch.autograd.grad((row * w[:, k]).sum(), lg)
+        assert torch.equal(out[:, k].detach(), row.detach())
+        assert torch.equal(g[k], gk)

@@ -28,6 +28,7 @@
 #include "dirmult/math.h"
 #include "per_sample_avx2.h"
 #include "shared_rows_avx2.h"
+#include "shared_rows_cpu.h"
 
 namespace dirmult {
 namespace {
@@ -1032,6 +1033,38 @@ std::tuple<Tensor, Tensor> poch_terms_cpu(Tensor log_alpha, Tensor n) {
 }
 
 }  // namespace
+
+void shared_rows_forward_cpu(const Tensor& counts, const Tensor& log_alpha, int64_t k,
+                             bool normalize, Tensor& out) {
+  const int64_t B = counts.size(0), V = counts.size(1), K = log_alpha.size(0);
+  DM_DISPATCH_COMPUTE(log_alpha.scalar_type(), [&] {
+    DM_DISPATCH_COUNTS(counts.scalar_type(), [&] {
+      std::vector<scalar_t> rows(B);
+      forward_rows<scalar_t, count_t>(
+          static_cast<const count_t*>(counts.const_data_ptr()),
+          static_cast<const scalar_t*>(log_alpha.const_data_ptr()) + k * V, true, B, V,
+          normalize, rows.data());
+      auto* o = static_cast<scalar_t*>(out.mutable_data_ptr());
+      for (int64_t b = 0; b < B; ++b) o[b * K + k] = rows[b];
+    });
+  });
+}
+
+void shared_rows_backward_cpu(const Tensor& grad, const Tensor& counts, const Tensor& log_alpha,
+                              int64_t k, Tensor& grad_la) {
+  const int64_t B = counts.size(0), V = counts.size(1), K = log_alpha.size(0);
+  DM_DISPATCH_COMPUTE(log_alpha.scalar_type(), [&] {
+    DM_DISPATCH_COUNTS(counts.scalar_type(), [&] {
+      const auto* g = static_cast<const scalar_t*>(grad.const_data_ptr());
+      std::vector<scalar_t> gk(B);
+      for (int64_t b = 0; b < B; ++b) gk[b] = g[b * K + k];
+      backward_shared<scalar_t, count_t>(
+          gk.data(), static_cast<const count_t*>(counts.const_data_ptr()),
+          static_cast<const scalar_t*>(log_alpha.const_data_ptr()) + k * V, B, V,
+          static_cast<scalar_t*>(grad_la.mutable_data_ptr()) + k * V);
+    });
+  });
+}
 
 // Defined in components_cpu.cpp.
 Tensor log_lik_components_cpu(Tensor counts, Tensor log_alpha, bool normalize);
