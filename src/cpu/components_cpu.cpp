@@ -1,13 +1,13 @@
 // CPU entry points of dirmult::log_lik_components (the (B, K) matrix of
 // per-component log-likelihoods: a mixture's E-step, a classifier's scores)
 // and its backward: component k is log_lik with log_alpha[k], by the
-// shared-alpha kernels (shared_rows_cpu.h), one component after another.
+// shared-alpha kernels (components_cpu.h).
 #include <torch/csrc/stable/library.h>
 #include <torch/csrc/stable/ops.h>
 #include <torch/csrc/stable/tensor.h>
 
 #include "../common/tensor_checks.h"
-#include "shared_rows_cpu.h"
+#include "components_cpu.h"
 
 namespace dirmult {
 
@@ -19,7 +19,7 @@ Tensor log_lik_components_cpu(Tensor counts, Tensor log_alpha, bool normalize) {
   // V = 0: every row is empty, log-likelihood 0.
   if (B * K == 0 || V == 0) return torch::stable::new_zeros(log_alpha, {B, K});
   Tensor out = torch::stable::new_empty(log_alpha, {B, K});  // every element written
-  for (int64_t k = 0; k < K; ++k) shared_rows_forward_cpu(counts, log_alpha, k, normalize, out);
+  components_forward_cpu(counts, log_alpha, normalize, out);
   return out;
 }
 
@@ -31,7 +31,7 @@ Tensor log_lik_components_backward_cpu(Tensor grad, Tensor counts, Tensor log_al
   const int64_t B = counts.size(0), V = counts.size(1), K = log_alpha.size(0);
   Tensor grad_la = torch::stable::new_zeros(log_alpha, log_alpha.sizes());
   if (B == 0 || V == 0 || K == 0) return grad_la;
-  for (int64_t k = 0; k < K; ++k) shared_rows_backward_cpu(grad, counts, log_alpha, k, grad_la);
+  components_backward_cpu(grad, counts, log_alpha, grad_la);
   return grad_la;
 }
 

@@ -28,7 +28,7 @@
 #include "dirmult/math.h"
 #include "per_sample_avx2.h"
 #include "shared_rows_avx2.h"
-#include "shared_rows_cpu.h"
+#include "components_cpu.h"
 
 namespace dirmult {
 namespace {
@@ -574,20 +574,33 @@ void per_sample_grad_avx2(const count_t* row, const float* lrow, int64_t V, doub
   }
 }
 
+// The forward's plan for shared alpha (it depends on the counts only).
+template <typename scalar_t, typename count_t>
+TablePlan forward_plan(const count_t* counts, int64_t B, int64_t V) {
+  return plan_table(counts, B, V, vector_math_path<scalar_t>());
+}
+
+// Shared alpha: out[b * stride] for each row b, with the table as planned.
+template <typename scalar_t, typename count_t>
+void forward_shared(const count_t* counts, const scalar_t* la, int64_t B, int64_t V,
+                    bool normalize, const TablePlan& plan, scalar_t* out, int64_t stride) {
+  const SharedAlpha<scalar_t> sa(la, V);
+  const std::vector<scalar_t> table = lnp_table(sa, plan, normalize);
+  auto part = [&](int64_t b, int64_t v0, int64_t v1) {
+    return lnp_row_sums<scalar_t, count_t>(counts + b * V, v0, v1, table, sa, normalize);
+  };
+  for_each_row(B, V, part, [&](int64_t b, const RowSums& r) {
+    const bool ok = r.ok && sa.finite;
+    out[b * stride] = static_cast<scalar_t>(ok ? r.s + row_term(sa.total, r.N, normalize) : kNaN);
+  });
+}
+
 template <typename scalar_t, typename count_t>
 void forward_rows(const count_t* counts, const scalar_t* la, bool shared,
                   int64_t B, int64_t V, bool normalize, scalar_t* out) {
   if (shared) {
-    const SharedAlpha<scalar_t> sa(la, V);
-    const std::vector<scalar_t> table =
-        lnp_table(sa, plan_table(counts, B, V, vector_math_path<scalar_t>()), normalize);
-    auto part = [&](int64_t b, int64_t v0, int64_t v1) {
-      return lnp_row_sums<scalar_t, count_t>(counts + b * V, v0, v1, table, sa, normalize);
-    };
-    for_each_row(B, V, part, [&](int64_t b, const RowSums& r) {
-      const bool ok = r.ok && sa.finite;
-      out[b] = static_cast<scalar_t>(ok ? r.s + row_term(sa.total, r.N, normalize) : kNaN);
-    });
+    forward_shared<scalar_t, count_t>(counts, la, B, V, normalize,
+                                      forward_plan<scalar_t, count_t>(counts, B, V), out, 1);
     return;
   }
   auto part = [&](int64_t b, int64_t v0, int64_t v1) {
@@ -824,13 +837,23 @@ struct RowOutputs {
 
 // grad null: unit row weights. kRows: also the rows' log-likelihoods into
 // rows.out, from a second table (lnpoch) read in the same pass.
+// The backward's plan (it depends on the counts only). (With kRows the rows
+// must be the forward's bits: its plan.)
+template <typename scalar_t, typename count_t, bool kRows = false>
+TablePlan backward_plan(const count_t* counts, int64_t B, int64_t V) {
+  return plan_table(counts, B, V, kRows && vector_math_path<scalar_t>());
+}
+
+// plan: backward_plan's, or nullptr to make it here.
 template <typename scalar_t, typename count_t, bool kRows = false>
 void backward_shared(const scalar_t* grad, const count_t* counts,
                      const scalar_t* la, int64_t B, int64_t V,
-                     scalar_t* grad_la, RowOutputs<scalar_t> rows = {}) {
+                     scalar_t* grad_la, RowOutputs<scalar_t> rows = {},
+                     const TablePlan* given_plan = nullptr) {
   const SharedAlpha<scalar_t> sa(la, V);
-  // (With kRows the rows must be the forward's bits: its plan.)
-  const TablePlan plan = plan_table(counts, B, V, kRows && vector_math_path<scalar_t>());
+  const TablePlan own_plan =
+      given_plan != nullptr ? TablePlan{} : backward_plan<scalar_t, count_t, kRows>(counts, B, V);
+  const TablePlan& plan = given_plan != nullptr ? *given_plan : own_plan;
   const std::vector<scalar_t> table = sa.table(plan, false, false);
   auto term = [&](int64_t v, scalar_t n) {
     int idx;
@@ -1034,34 +1057,38 @@ std::tuple<Tensor, Tensor> poch_terms_cpu(Tensor log_alpha, Tensor n) {
 
 }  // namespace
 
-void shared_rows_forward_cpu(const Tensor& counts, const Tensor& log_alpha, int64_t k,
-                             bool normalize, Tensor& out) {
+void components_forward_cpu(const Tensor& counts, const Tensor& log_alpha, bool normalize,
+                            Tensor& out) {
   const int64_t B = counts.size(0), V = counts.size(1), K = log_alpha.size(0);
   DM_DISPATCH_COMPUTE(log_alpha.scalar_type(), [&] {
     DM_DISPATCH_COUNTS(counts.scalar_type(), [&] {
-      std::vector<scalar_t> rows(B);
-      forward_rows<scalar_t, count_t>(
-          static_cast<const count_t*>(counts.const_data_ptr()),
-          static_cast<const scalar_t*>(log_alpha.const_data_ptr()) + k * V, true, B, V,
-          normalize, rows.data());
+      const auto* n = static_cast<const count_t*>(counts.const_data_ptr());
+      const auto* la = static_cast<const scalar_t*>(log_alpha.const_data_ptr());
       auto* o = static_cast<scalar_t*>(out.mutable_data_ptr());
-      for (int64_t b = 0; b < B; ++b) o[b * K + k] = rows[b];
+      const TablePlan plan = forward_plan<scalar_t, count_t>(n, B, V);  // (once for all K)
+      for (int64_t k = 0; k < K; ++k) {
+        forward_shared<scalar_t, count_t>(n, la + k * V, B, V, normalize, plan, o + k, K);
+      }
     });
   });
 }
 
-void shared_rows_backward_cpu(const Tensor& grad, const Tensor& counts, const Tensor& log_alpha,
-                              int64_t k, Tensor& grad_la) {
+void components_backward_cpu(const Tensor& grad, const Tensor& counts, const Tensor& log_alpha,
+                             Tensor& grad_la) {
   const int64_t B = counts.size(0), V = counts.size(1), K = log_alpha.size(0);
   DM_DISPATCH_COMPUTE(log_alpha.scalar_type(), [&] {
     DM_DISPATCH_COUNTS(counts.scalar_type(), [&] {
       const auto* g = static_cast<const scalar_t*>(grad.const_data_ptr());
-      std::vector<scalar_t> gk(B);
-      for (int64_t b = 0; b < B; ++b) gk[b] = g[b * K + k];
-      backward_shared<scalar_t, count_t>(
-          gk.data(), static_cast<const count_t*>(counts.const_data_ptr()),
-          static_cast<const scalar_t*>(log_alpha.const_data_ptr()) + k * V, B, V,
-          static_cast<scalar_t*>(grad_la.mutable_data_ptr()) + k * V);
+      const auto* n = static_cast<const count_t*>(counts.const_data_ptr());
+      const auto* la = static_cast<const scalar_t*>(log_alpha.const_data_ptr());
+      auto* gla = static_cast<scalar_t*>(grad_la.mutable_data_ptr());
+      const TablePlan plan = backward_plan<scalar_t, count_t>(n, B, V);  // (once for all K)
+      std::vector<scalar_t> gk(B);  // component k's row weights, contiguous
+      for (int64_t k = 0; k < K; ++k) {
+        for (int64_t b = 0; b < B; ++b) gk[b] = g[b * K + k];
+        backward_shared<scalar_t, count_t>(gk.data(), n, la + k * V, B, V, gla + k * V, {},
+                                           &plan);
+      }
     });
   });
 }
