@@ -1,7 +1,9 @@
 """log_lik_components on the lookup-table path (float32; the backward's from
 32 rows): every component block size (K up to 4, up to 8, up to 16, and more than 16,
 which takes several passes), several column slices with a ragged end, counts
-off the table (large and non-integer), bad counts and concentrations."""
+off the table (large and non-integer), bad counts and concentrations. Then
+the shapes that run log_lik's kernels once per component instead (CPU: all;
+CUDA: long rows, few components): log_lik's bits per component."""
 import pytest
 import torch
 
@@ -118,3 +120,44 @@ def test_cpu_components_are_log_lik_per_component(B, V, dtype, normalize):
         gk, = torch.autograd.grad((row * w[:, k]).sum(), lg)
         assert torch.equal(out[:, k].detach(), row.detach())
         assert torch.equal(g[k], gk)
+
+
+# CUDA, float32, long rows and few components (components_as_shared_forward
+# / _backward, whose predicted times put these shapes on the shared side by
+# a wide margin; grad_bits: the backward's too): component k runs log_lik's
+# shared-alpha kernels with log_alpha[k], so the same bits as the ops
+# log_lik / log_lik_backward: one row, rows split in column chunks, rows
+# under and over the backward's table threshold, uint8 counts, and a
+# log_alpha that starts off 16-byte alignment (a view at an offset).
+@pytest.mark.skipif(not (torch.cuda.is_available() and dirmult_ext.CUDA_KERNELS),
+                    reason="needs a CUDA device (runs in scripts/gpu_check.sh)")
+@pytest.mark.parametrize("B, V, K, grad_bits",
+                         [(1, 70000, 5, False), (4, 70000, 2, True), (16, 20000, 2, True),
+                          (40, 70000, 2, True)])
+@pytest.mark.parametrize("count_dtype", [torch.float32, torch.uint8])
+@pytest.mark.parametrize("offset", [0, 1])
+@pytest.mark.parametrize("normalize", [False, True])
+def test_cuda_long_rows_are_log_lik_per_component(B, V, K, grad_bits, count_dtype, offset,
+                                                   normalize):
+    counts = mixed_counts(B, V, "cuda", count_dtype)
+    storage = torch.empty(K * V + offset, device="cuda").uniform_(-3.0, 3.5)
+    la = storage[offset:].view(K, V)
+    w = torch.randn(B, K, device="cuda")
+    lk = la.detach().requires_grad_()
+    out = dirmult_ext.log_lik_components(counts, lk, normalize=normalize)
+    g, = torch.autograd.grad((out * w).sum(), lk)
+    # The ops themselves: the Python API's autograd may take log_lik_with_grad,
+    # whose gradient of one row is a scale of its own (other bits).
+    ops = torch.ops.dirmult
+    for k in range(K):
+        row = ops.log_lik(counts, la[k].detach(), normalize)
+        assert torch.equal(out[:, k].detach(), row)
+        if grad_bits:
+            gk = ops.log_lik_backward(w[:, k].contiguous(), counts, la[k].detach(), normalize,
+                                      False)[0]
+            assert torch.equal(g[k], gk)
+    ref = components_float64(counts, la.detach(), normalize)
+    scale = ref.abs().amax(0).clamp_min(1.0)
+    assert ((out.detach().double().cpu() - ref).abs() / scale).max() < 2e-6
+    _, g64 = weighted_component_grads(counts, la.detach().double(), w.double())
+    assert ((g.double() - g64).abs() / g64.abs().amax(1, keepdim=True)).max() < 1e-5

@@ -150,9 +150,13 @@ def log_lik_components(counts: Tensor, log_alpha: Tensor, *,
         normalize: add the multinomial coefficient.
 
     Returns:
-        ``(B, K)``: ``out[b, k] = log_lik(counts[b], log_alpha[k])``, computed
-        in one pass over the counts per block of components. Differentiable
-        with respect to ``log_alpha``.
+        ``(B, K)``: ``out[b, k] = log_lik(counts[b], log_alpha[k])``.
+        Differentiable with respect to ``log_alpha``. On CUDA, short rows
+        and many components take one pass over the counts per block of
+        components; long rows and few components take ``log_lik``'s kernels
+        once per component (whichever the measured cost model predicts is
+        faster; then column k is ``log_lik``'s bits). On CPU, always the
+        latter.
     """
     _check_inputs(counts, log_alpha)
     if counts.dim() != 2:

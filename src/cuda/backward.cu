@@ -158,6 +158,19 @@ void launch_components_backward(const Tensor& grad, const Tensor& counts, const 
                                 int64_t B, int64_t V, int K, scalar_t* grad_la,
                                 cudaStream_t stream) {
   if constexpr (use_tables<scalar_t>()) {
+    if (components_as_shared_backward(B, V, K)) {
+      // log_lik's shared-alpha backward per component, each with its column
+      // of grad: row k of grad's (K, B) transpose. Row k of grad_la is then
+      // log_lik's gradient for log_alpha[k] bit for bit.
+      const Tensor grad_by_component =
+          torch::stable::contiguous(torch::stable::transpose(grad, 0, 1));
+      for (int k = 0; k < K; ++k) {
+        launch_backward_shared<float, count_t>(row_view(grad_by_component, k),
+                                               counts, row_view(log_alpha, k),
+                                               B, V, grad_la + k * V, stream);
+      }
+      return;
+    }
     if (B >= kComponentBackwardTableMinRows) {
       with_component_block(K, [&](auto kb) {
         launch_components_backward_table<count_t, decltype(kb)::value>(grad, counts, log_alpha, B,

@@ -348,6 +348,24 @@ void launch_forward_shared(const Tensor& counts, const Tensor& log_alpha, int64_
   }
 }
 
+// K float32 components where components_as_shared_forward: log_lik's
+// shared-alpha forward of each component into row k of a (K, B) scratch,
+// then out (B, K) is its transpose. Column k is log_lik(counts,
+// log_alpha[k]) bit for bit.
+template <typename count_t>
+void launch_components_as_shared(const Tensor& counts, const Tensor& log_alpha, int64_t B,
+                                 int64_t V, int K, bool normalize, Tensor& out,
+                                 cudaStream_t stream) {
+  Tensor by_component = torch::stable::new_empty(log_alpha, {static_cast<int64_t>(K), B});
+  auto* o = static_cast<float*>(by_component.mutable_data_ptr());
+  for (int k = 0; k < K; ++k) {
+    launch_forward_shared<float, count_t>(counts, row_view(log_alpha, k), B, V,
+                                          normalize, o + k * B, stream);
+  }
+  // (B == 1: the transpose is already contiguous, and no copy is made.)
+  out = torch::stable::contiguous(torch::stable::transpose(by_component, 0, 1));
+}
+
 template <typename scalar_t, typename count_t>
 void launch_forward_components(const Tensor& counts, const Tensor& log_alpha, int64_t B, int64_t V,
                                int K, bool normalize, scalar_t* out, cudaStream_t stream) {
@@ -397,8 +415,16 @@ Tensor log_lik_components_cuda(Tensor counts, Tensor log_alpha, bool normalize) 
   if (B == 0 || V == 0 || K == 0) {
     return torch::stable::new_zeros(log_alpha, {B, static_cast<int64_t>(K)});
   }
-  Tensor out = torch::stable::new_empty(log_alpha, {B, static_cast<int64_t>(K)});
   const cudaStream_t stream = current_stream(counts.get_device_index());
+  Tensor out;
+  if (log_alpha.scalar_type() == ScalarType::Float &&
+      components_as_shared_forward(B, V, K)) {
+    DM_DISPATCH_NATIVE_COUNTS(counts.scalar_type(), [&] {
+      launch_components_as_shared<count_t>(counts, log_alpha, B, V, K, normalize, out, stream);
+    });
+    return out;
+  }
+  out = torch::stable::new_empty(log_alpha, {B, static_cast<int64_t>(K)});
   DM_DISPATCH_COMPUTE(log_alpha.scalar_type(), [&] {
     auto* o = static_cast<scalar_t*>(out.mutable_data_ptr());
     DM_DISPATCH_NATIVE_COUNTS(counts.scalar_type(), [&] {

@@ -23,6 +23,10 @@ bool is_aligned(const void* p) {
   return reinterpret_cast<uintptr_t>(p) % (4 * sizeof(T)) == 0;
 }
 
+// Row k of a (K, ...) tensor, a view (torch::stable::narrow takes a
+// non-const handle, hence the copy of the handle).
+inline Tensor row_view(Tensor t, int64_t k) { return torch::stable::narrow(t, 0, k, 1); }
+
 // Scratch memory from torch's caching allocator (safe in CUDA graph capture).
 inline Tensor workspace(const Tensor& like, int64_t bytes) {
   return torch::stable::new_empty(like, {std::max<int64_t>(bytes, 1)}, ScalarType::Byte);
