@@ -51,6 +51,8 @@ def main() -> None:
     parser.add_argument("--grad", action="store_true",
                         help="time forward+backward (the gradient of a random weighting of the "
                              "rows with respect to log_alpha) and compare the gradients too")
+    parser.add_argument("--normalize", action="store_true",
+                        help="time the forward with normalize=True (both are compared)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
     dev = torch.device(args.device)
@@ -76,7 +78,8 @@ def main() -> None:
             outs[shape] = torch.stack([dirmult_ext.log_lik(counts, la, normalize=nm)
                                        for nm in (False, True)]).cpu()
             if not args.no_time:
-                us = timer(lambda: dirmult_ext.log_lik(counts, la))["median_us"]
+                us = timer(lambda: dirmult_ext.log_lik(counts, la,
+                                                       normalize=args.normalize))["median_us"]
                 times.append(f"{shape} {us:.2f}")
     if times:
         print(args.label, " | ".join(times), flush=True)
