@@ -106,8 +106,9 @@ if __name__ == "__main__":
     case(13, 70, shared=False, counts_grad=True)  # per-sample with the counts gradient
     case(13, 70, counts_grad=True)
     case(17, 1500, K=5)             # components: tables forward, math path backward (< 32 rows)
-    case(40, 1030, K=3)             # component tables, K <= 4, ragged slices
-    case(40, 5001, K=3)             # component tables, fill a thread per column, last warp ragged
+    case(40, 1030, K=4)             # component tables, K <= 4, ragged slices
+    case(40, 5001, K=8)             # component tables, fill a thread per column, last warp ragged
+    case(4, 70000, K=2)             # long rows: log_lik's kernels per component, both ways
     case(33, 301, K=7)              # component tables, K <= 8, scalar loads
     case(64, 260, torch.uint8, K=18)  # component tables, two component blocks
     case(6, 33, torch.int64, K=9)
