@@ -63,14 +63,21 @@ def predict(coef, kind, B, V, K):
     return sum(c * f for c, f in zip(coef, FEATURES[kind](B, V, K)))
 
 
-def main() -> None:
-    default = os.path.join(os.path.dirname(__file__), "data", "components_crossover_h200.txt")
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("files", nargs="*", default=[default])
-    rows = read(p.parse_args().files)
-    known = lambda t: not math.isnan(t)  # noqa: E731
-    fwd = [(r[:3], r[3], r[4]) for r in rows if known(r[3])]
-    bwd = [(r[:3], r[5], r[6]) for r in rows if known(r[5])]
+DEFAULT_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data",
+                            "components_crossover_h200.txt")
+
+
+def split_ways(rows):
+    """(shape, fused time, K calls' time) of the forward and of the backward,
+    without the times marked nan."""
+    fwd = [(r[:3], r[3], r[4]) for r in rows if not math.isnan(r[3])]
+    bwd = [(r[:3], r[5], r[6]) for r in rows if not math.isnan(r[5])]
+    return fwd, bwd
+
+
+def fit_all(rows):
+    """Every model's coefficients, rounded to three digits."""
+    fwd, bwd = split_ways(rows)
     c = {
         "shared_fwd": fit([s for s, _, _ in fwd], [t for _, _, t in fwd], "shared"),
         "fused_fwd": fit([s for s, _, _ in fwd], [t for _, t, _ in fwd], "fused_fwd"),
@@ -80,6 +87,15 @@ def main() -> None:
                        ("fused_bwd_table", lambda B: B >= TABLE_MIN_ROWS)):
         sel = [(s, t) for s, t, _ in bwd if keep(s[0])]
         c[kind] = fit([s for s, _ in sel], [t for _, t in sel], kind)
+    return c
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("files", nargs="*", default=[DEFAULT_DATA])
+    rows = read(p.parse_args().files)
+    fwd, bwd = split_ways(rows)
+    c = fit_all(rows)
     print(f"{len(rows)} shapes; coefficients (us) of the features "
           "[per component, per (component, column), per element, ...] as in fit_components_rule.FEATURES:")
     for name, coef in c.items():
