@@ -15,9 +15,10 @@ cache-defeating rotation of them:
           component, stacked (what the per-component path runs, plus the
           stacking);
 and prints both, their ratio, and whether the op's outputs are log_lik's
-bits per component. Run it with an old build (the fused path everywhere)
-to see the crossover, and with the new one to check that the rule picks the
-faster path.
+bits per component. With DIRMULT_CUDA_COMPONENTS=fused, 'op' is the fused
+way on every shape: the crossover, and the data scripts/fit_components_rule.py
+fits (scripts/data/components_crossover_h200.txt; on another GPU, a refit);
+unset, 'op' follows the rule, which checks that it picks the faster way.
 """
 import argparse
 import time

@@ -4,6 +4,10 @@ which takes several passes), several column slices with a ragged end, counts
 off the table (large and non-integer), bad counts and concentrations. Then
 the shapes that run log_lik's kernels once per component instead (CPU: all;
 CUDA: long rows, few components): log_lik's bits per component."""
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -161,3 +165,56 @@ def test_cuda_long_rows_are_log_lik_per_component(B, V, K, grad_bits, count_dtyp
     assert ((out.detach().double().cpu() - ref).abs() / scale).max() < 2e-6
     _, g64 = weighted_component_grads(counts, la.detach().double(), w.double())
     assert ((g.double() - g64).abs() / g64.abs().amax(1, keepdim=True)).max() < 1e-5
+
+
+# DIRMULT_CUDA_COMPONENTS forces either CUDA way at any shape (read once per
+# process, hence a process per setting): per_component gives log_lik's bits
+# per component, forward and backward, even where the rule keeps the fused
+# kernels (short rows, many components); fused gives the fused kernels'
+# values even where the rule takes log_lik's (long rows, few components:
+# other bits than this process's, which follows the rule there), and both
+# are within float32 roundings of float64. The fused backward: the math path
+# (under 32 rows) and the component tables.
+def _forced_way_results(counts, la, w):
+    ops = torch.ops.dirmult
+    return [ops.log_lik_components(counts, la, False), ops.log_lik_components(counts, la, True),
+            ops.log_lik_components_backward(w, counts, la)]
+
+
+@pytest.mark.skipif(not (torch.cuda.is_available() and dirmult_ext.CUDA_KERNELS),
+                    reason="needs a CUDA device (runs in scripts/gpu_check.sh)")
+@pytest.mark.parametrize("way", ["fused", "per_component"])
+@pytest.mark.parametrize("B, V, K, rule_per_component",
+                         [(4, 70000, 2, True), (300, 1030, 16, False), (40, 5001, 3, True)])
+def test_cuda_forced_components_way(tmp_path, way, B, V, K, rule_per_component):
+    counts = mixed_counts(B, V, "cuda")
+    la = torch.empty(K, V, device="cuda").uniform_(-3.0, 3.5)
+    w = torch.randn(B, K, device="cuda")
+    torch.save({"counts": counts, "la": la, "w": w}, tmp_path / "in.pt")
+    code = ("import sys, torch, dirmult_ext\n"
+            "sys.path.insert(0, sys.argv[3])\n"
+            "from test_component_tables import _forced_way_results\n"
+            "d = torch.load(sys.argv[1])\n"
+            "torch.save(_forced_way_results(d['counts'], d['la'], d['w']), sys.argv[2])\n")
+    env = dict(os.environ, DIRMULT_CUDA_COMPONENTS=way)
+    subprocess.run([sys.executable, "-c", code, str(tmp_path / "in.pt"), str(tmp_path / "out.pt"),
+                    os.path.dirname(os.path.abspath(__file__))], env=env, check=True)
+    forced = torch.load(tmp_path / "out.pt")
+    ops = torch.ops.dirmult
+    per_component = [
+        torch.stack([ops.log_lik(counts, la[k], False) for k in range(K)], dim=1),
+        torch.stack([ops.log_lik(counts, la[k], True) for k in range(K)], dim=1),
+        torch.stack([ops.log_lik_backward(w[:, k].contiguous(), counts, la[k], False, False)[0]
+                     for k in range(K)])]
+    if way == "per_component":
+        for mine, theirs in zip(forced, per_component):
+            assert torch.equal(mine, theirs)
+    elif rule_per_component:
+        for mine, theirs in zip(forced, per_component):
+            assert not torch.equal(mine, theirs)
+    for normalize, out in zip((False, True), forced[:2]):
+        ref = components_float64(counts, la, normalize)
+        scale = ref.abs().amax(0).clamp_min(1.0)
+        assert ((out.double().cpu() - ref).abs() / scale).max() < 2e-6
+    _, g64 = weighted_component_grads(counts, la.double(), w.double())
+    assert ((forced[2].double() - g64).abs() / g64.abs().amax(1, keepdim=True)).max() < 1e-5

@@ -140,3 +140,23 @@ def test_empty_rows_are_nan_with_a_bad_concentration(device, B):
     comp[2, 0] = math.nan
     out = dirmult_ext.log_lik_components(counts, comp)
     assert torch.isnan(out[:, 2]).all() and (out[0, :2] == 0).all()
+
+
+# DIRMULT_CUDA_COMPONENTS, the switch that forces a CUDA components way, is
+# checked when the package is imported (a process of its own: the value is
+# read once): a bad value names the variable and the values it takes.
+@pytest.mark.parametrize("value, ok", [("fused", True), ("per_component", True), ("auto", True),
+                                       ("", True), ("Fused", False), ("both", False)])
+def test_components_way_setting_is_checked_on_import(value, ok):
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, DIRMULT_CUDA_COMPONENTS=value)
+    p = subprocess.run([sys.executable, "-c", "import dirmult_ext"], env=env,
+                       capture_output=True, text=True)
+    if ok:
+        assert p.returncode == 0, p.stderr
+    else:
+        assert p.returncode != 0
+        assert ("ValueError: DIRMULT_CUDA_COMPONENTS must be one of auto, fused, per_component"
+                in p.stderr), p.stderr

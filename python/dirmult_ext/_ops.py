@@ -6,6 +6,7 @@ CUDA kernels live in ``_C_cuda.so``, loaded only when this torch has CUDA.
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
@@ -43,6 +44,21 @@ def _load_cuda_kernels() -> bool:
     return True
 
 
+# The ways float32 log_lik_components may be forced to take on CUDA
+# (src/cuda/ops_cuda.h reads the variable once per process and raises on
+# other values too; checked here as well because some torch builds crash on
+# a C++ error instead of raising it).
+COMPONENTS_WAYS = ("auto", "fused", "per_component")
+
+
+def _check_components_way() -> None:
+    way = os.environ.get("DIRMULT_CUDA_COMPONENTS", "")
+    if way and way not in COMPONENTS_WAYS:
+        raise ValueError(f"DIRMULT_CUDA_COMPONENTS must be one of {', '.join(COMPONENTS_WAYS)} "
+                         f"(or unset), got {way!r}")
+
+
+_check_components_way()
 CUDA_KERNELS = _load_cuda_kernels()
 ops = torch.ops.dirmult
 

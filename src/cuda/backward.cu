@@ -158,7 +158,7 @@ void launch_components_backward(const Tensor& grad, const Tensor& counts, const 
                                 int64_t B, int64_t V, int K, scalar_t* grad_la,
                                 cudaStream_t stream) {
   if constexpr (use_tables<scalar_t>()) {
-    if (components_as_shared_backward(B, V, K)) {
+    if (components_per_component(components_as_shared_backward(B, V, K))) {
       // log_lik's shared-alpha backward per component, each with its column
       // of grad: row k of grad's (K, B) transpose. Row k of grad_la is then
       // log_lik's gradient for log_alpha[k] bit for bit.

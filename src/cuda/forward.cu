@@ -348,7 +348,8 @@ void launch_forward_shared(const Tensor& counts, const Tensor& log_alpha, int64_
   }
 }
 
-// K float32 components where components_as_shared_forward: log_lik's
+// K float32 components where components_per_component (the rule
+// components_as_shared_forward, or DIRMULT_CUDA_COMPONENTS): log_lik's
 // shared-alpha forward of each component into row k of a (K, B) scratch,
 // then out (B, K) is its transpose. Column k is log_lik(counts,
 // log_alpha[k]) bit for bit.
@@ -366,17 +367,26 @@ void launch_components_as_shared(const Tensor& counts, const Tensor& log_alpha, 
   out = torch::stable::contiguous(torch::stable::transpose(by_component, 0, 1));
 }
 
+// out: a new (B, K) tensor.
 template <typename scalar_t, typename count_t>
 void launch_forward_components(const Tensor& counts, const Tensor& log_alpha, int64_t B, int64_t V,
-                               int K, bool normalize, scalar_t* out, cudaStream_t stream) {
+                               int K, bool normalize, Tensor& out, cudaStream_t stream) {
+  if constexpr (use_tables<scalar_t>()) {
+    if (components_per_component(components_as_shared_forward(B, V, K))) {
+      launch_components_as_shared<count_t>(counts, log_alpha, B, V, K, normalize, out, stream);
+      return;
+    }
+  }
+  out = torch::stable::new_empty(log_alpha, {B, static_cast<int64_t>(K)});
+  auto* o = static_cast<scalar_t*>(out.mutable_data_ptr());
   if constexpr (use_tables<scalar_t>()) {
     with_component_block(K, [&](auto kb) {
       launch_components_table<count_t, decltype(kb)::value>(counts, log_alpha, B, V, K, normalize,
-                                                            out, stream);
+                                                            o, stream);
     });
   } else {
     launch_forward_rows<scalar_t, count_t, kComponentBlock>(counts, log_alpha, B, V, K, normalize,
-                                                            out, stream);
+                                                            o, stream);
   }
 }
 
@@ -417,18 +427,9 @@ Tensor log_lik_components_cuda(Tensor counts, Tensor log_alpha, bool normalize) 
   }
   const cudaStream_t stream = current_stream(counts.get_device_index());
   Tensor out;
-  if (log_alpha.scalar_type() == ScalarType::Float &&
-      components_as_shared_forward(B, V, K)) {
-    DM_DISPATCH_NATIVE_COUNTS(counts.scalar_type(), [&] {
-      launch_components_as_shared<count_t>(counts, log_alpha, B, V, K, normalize, out, stream);
-    });
-    return out;
-  }
-  out = torch::stable::new_empty(log_alpha, {B, static_cast<int64_t>(K)});
   DM_DISPATCH_COMPUTE(log_alpha.scalar_type(), [&] {
-    auto* o = static_cast<scalar_t*>(out.mutable_data_ptr());
     DM_DISPATCH_NATIVE_COUNTS(counts.scalar_type(), [&] {
-      launch_forward_components<scalar_t, count_t>(counts, log_alpha, B, V, K, normalize, o,
+      launch_forward_components<scalar_t, count_t>(counts, log_alpha, B, V, K, normalize, out,
                                                     stream);
     });
   });

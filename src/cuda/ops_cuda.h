@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <tuple>
 #include <type_traits>
 
@@ -26,6 +28,40 @@ bool is_aligned(const void* p) {
 // Row k of a (K, ...) tensor, a view (torch::stable::narrow takes a
 // non-const handle, hence the copy of the handle).
 inline Tensor row_view(Tensor t, int64_t k) { return torch::stable::narrow(t, 0, k, 1); }
+
+// Which way float32 log_lik_components and its backward take on CUDA:
+// DIRMULT_CUDA_COMPONENTS=fused or =per_component forces one (so tests reach
+// both ways at any shape, and scripts/components_crossover.py can time the
+// fused way to refit the rule on another GPU without an edited build);
+// unset, empty or auto: the measured rule (components_as_shared_forward /
+// _backward). Read once per process; the Python package checks the value
+// on import (the clearer error on torch builds that crash on C++ errors).
+enum class ComponentsWay { kByRule, kFused, kPerComponent };
+
+inline ComponentsWay components_way_setting() {
+  static const ComponentsWay way = [] {
+    const char* e = std::getenv("DIRMULT_CUDA_COMPONENTS");
+    if (e == nullptr || *e == '\0' || std::strcmp(e, "auto") == 0) return ComponentsWay::kByRule;
+    if (std::strcmp(e, "fused") == 0) return ComponentsWay::kFused;
+    STD_TORCH_CHECK(std::strcmp(e, "per_component") == 0,
+                    "dirmult: DIRMULT_CUDA_COMPONENTS must be auto, fused or per_component, got '",
+                    e, "'");
+    return ComponentsWay::kPerComponent;
+  }();
+  return way;
+}
+
+// Whether to run log_lik's kernels once per component, given the rule's pick.
+inline bool components_per_component(bool rule_picks_it) {
+  switch (components_way_setting()) {
+    case ComponentsWay::kFused:
+      return false;
+    case ComponentsWay::kPerComponent:
+      return true;
+    default:
+      return rule_picks_it;
+  }
+}
 
 // Scratch memory from torch's caching allocator (safe in CUDA graph capture).
 inline Tensor workspace(const Tensor& like, int64_t bytes) {

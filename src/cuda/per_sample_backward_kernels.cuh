@@ -55,7 +55,7 @@ __device__ __forceinline__ PerSampleSums per_sample_warp_sums(const count_t* __r
     if ((load & 1023) == 1023) N += static_cast<double>(table_N), table_N = 0;
   }
   N += static_cast<double>(table_N);
-  return {warp_allsum(N), warp_allsum(A), __all_sync(0xffffffffu, ok)};
+  return {warp_allsum(N), warp_allsum(A), __all_sync(0xffffffffu, ok) != 0};
 }
 
 // Rows split into chunks: a warp per (row, chunk) sums its piece (the

@@ -65,7 +65,7 @@ __device__ __forceinline__ bool per_sample_cancels(float la, float ap, const Per
 }
 
 template <typename count_t, bool normalize>
-__global__ void __launch_bounds__(kRowWarps * 32)
+__global__ void __launch_bounds__(kRowWarps * 32, normalize ? 4 : 0)
     forward_per_sample_float_kernel(const count_t* __restrict__ counts,
                                     const float* __restrict__ log_alpha, int64_t B, int64_t V,
                                     RowSplit split, bool aligned,
