@@ -168,17 +168,30 @@ def test_cuda_long_rows_are_log_lik_per_component(B, V, K, grad_bits, count_dtyp
 
 
 # DIRMULT_CUDA_COMPONENTS forces either CUDA way at any shape (read once per
-# process, hence a process per setting): per_component gives log_lik's bits
+# process, hence a process per setting). per_component gives log_lik's bits
 # per component, forward and backward, even where the rule keeps the fused
-# kernels (short rows, many components); fused gives the fused kernels'
-# values even where the rule takes log_lik's (long rows, few components:
-# other bits than this process's, which follows the rule there), and both
-# are within float32 roundings of float64. The fused backward: the math path
+# kernels (short rows, many components). fused launches other kernels than
+# this process (which follows the rule) where the rule takes log_lik's (long
+# rows, few components; the fused kernels' values can be log_lik's bits
+# there, so the kernels launched are what tells the ways apart). Both are
+# within float32 roundings of float64. The fused backward: the math path
 # (under 32 rows) and the component tables.
 def _forced_way_results(counts, la, w):
     ops = torch.ops.dirmult
     return [ops.log_lik_components(counts, la, False), ops.log_lik_components(counts, la, True),
             ops.log_lik_components_backward(w, counts, la)]
+
+
+def _kernels_launched(counts, la, w):
+    """The names of the CUDA kernels one forward and one backward launch."""
+    from torch.profiler import ProfilerActivity, profile
+    ops = torch.ops.dirmult
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        ops.log_lik_components(counts, la, False)
+        ops.log_lik_components_backward(w, counts, la)
+        torch.cuda.synchronize()
+    return sorted({e.name for e in prof.events()
+                   if e.device_type == torch.autograd.DeviceType.CUDA})
 
 
 @pytest.mark.skipif(not (torch.cuda.is_available() and dirmult_ext.CUDA_KERNELS),
@@ -193,13 +206,15 @@ def test_cuda_forced_components_way(tmp_path, way, B, V, K, rule_per_component):
     torch.save({"counts": counts, "la": la, "w": w}, tmp_path / "in.pt")
     code = ("import sys, torch, dirmult_ext\n"
             "sys.path.insert(0, sys.argv[3])\n"
-            "from test_component_tables import _forced_way_results\n"
+            "from test_component_tables import _forced_way_results, _kernels_launched\n"
             "d = torch.load(sys.argv[1])\n"
-            "torch.save(_forced_way_results(d['counts'], d['la'], d['w']), sys.argv[2])\n")
+            "args = d['counts'], d['la'], d['w']\n"
+            "torch.save([_forced_way_results(*args), _kernels_launched(*args)], sys.argv[2])\n")
     env = dict(os.environ, DIRMULT_CUDA_COMPONENTS=way)
     subprocess.run([sys.executable, "-c", code, str(tmp_path / "in.pt"), str(tmp_path / "out.pt"),
                     os.path.dirname(os.path.abspath(__file__))], env=env, check=True)
-    forced = torch.load(tmp_path / "out.pt")
+    forced, forced_kernels = torch.load(tmp_path / "out.pt")
+    assert forced_kernels  # the profiler saw the launches
     ops = torch.ops.dirmult
     per_component = [
         torch.stack([ops.log_lik(counts, la[k], False) for k in range(K)], dim=1),
@@ -209,9 +224,11 @@ def test_cuda_forced_components_way(tmp_path, way, B, V, K, rule_per_component):
     if way == "per_component":
         for mine, theirs in zip(forced, per_component):
             assert torch.equal(mine, theirs)
-    elif rule_per_component:
-        for mine, theirs in zip(forced, per_component):
-            assert not torch.equal(mine, theirs)
+    rule_kernels = _kernels_launched(counts, la, w)
+    if rule_per_component == (way == "per_component"):
+        assert forced_kernels == rule_kernels
+    else:
+        assert forced_kernels != rule_kernels
     for normalize, out in zip((False, True), forced[:2]):
         ref = components_float64(counts, la, normalize)
         scale = ref.abs().amax(0).clamp_min(1.0)
