@@ -144,7 +144,8 @@ def test_empty_rows_are_nan_with_a_bad_concentration(device, B):
 
 # DIRMULT_CUDA_COMPONENTS, the switch that forces a CUDA components way, is
 # checked when the package is imported (a process of its own: the value is
-# read once): a bad value names the variable and the values it takes.
+# read once) and reported by build_info; a bad value names the variable and
+# the values it takes.
 @pytest.mark.parametrize("value, ok", [("fused", True), ("per_component", True), ("auto", True),
                                        ("", True), ("Fused", False), ("both", False)])
 def test_components_way_setting_is_checked_on_import(value, ok):
@@ -152,10 +153,12 @@ def test_components_way_setting_is_checked_on_import(value, ok):
     import subprocess
     import sys
     env = dict(os.environ, DIRMULT_CUDA_COMPONENTS=value)
-    p = subprocess.run([sys.executable, "-c", "import dirmult_ext"], env=env,
-                       capture_output=True, text=True)
+    p = subprocess.run([sys.executable, "-c",
+                        "import dirmult_ext; print(dirmult_ext.build_info()['cuda_components_way'])"],
+                       env=env, capture_output=True, text=True)
     if ok:
         assert p.returncode == 0, p.stderr
+        assert p.stdout.strip() == (value or "auto")
     else:
         assert p.returncode != 0
         assert ("ValueError: DIRMULT_CUDA_COMPONENTS must be one of auto, fused, per_component"

@@ -19,7 +19,8 @@ from dirmult_ext import _ops
 def test_build_info_fields():
     info = dirmult_ext.build_info()
     for key in ("version", "torch_target_version", "cuda_version", "cuda_architectures",
-                "torch", "torch_cuda", "cuda_kernels_loaded", "torch_target", "cpu_simd"):
+                "torch", "torch_cuda", "cuda_kernels_loaded", "torch_target", "cpu_simd",
+                "cuda_components_way"):
         assert key in info, key
     assert info["version"] == dirmult_ext.__version__
     assert info["torch"] == torch.__version__
@@ -37,6 +38,7 @@ def test_build_info_fields():
         assert info["cuda_architectures"] == ""
     assert isinstance(info["cuda_kernels_loaded"], bool)
     assert info["cuda_kernels_loaded"] == _ops.CUDA_KERNELS
+    assert info["cuda_components_way"] in _ops.COMPONENTS_WAYS
 
 
 def test_cuda_kernels_only_with_cuda_torch():

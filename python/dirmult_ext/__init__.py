@@ -3,7 +3,7 @@ PyTorch custom ops (``torch.ops.dirmult.*``), with autograd, fake kernels for
 torch.compile/export, and TorchScript support.
 """
 from ._version import __version__
-from ._ops import BUILD_INFO, CUDA_KERNELS
+from ._ops import BUILD_INFO, COMPONENTS_WAY, CUDA_KERNELS
 from .api import (DirichletMultinomialLogLik, log_lik, log_lik_components,
                   reference_log_lik)
 from .distribution import DirichletMultinomial
@@ -19,6 +19,7 @@ def build_info() -> dict:
     info["torch"] = torch.__version__
     info["torch_cuda"] = torch.version.cuda
     info["cuda_kernels_loaded"] = CUDA_KERNELS
+    info["cuda_components_way"] = COMPONENTS_WAY  # DIRMULT_CUDA_COMPONENTS, read on import
     t = info["torch_target_version"]
     info["torch_target"] = f"{(t >> 56) & 0xff}.{(t >> 48) & 0xff}"
     return info

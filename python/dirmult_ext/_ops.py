@@ -51,14 +51,15 @@ def _load_cuda_kernels() -> bool:
 COMPONENTS_WAYS = ("auto", "fused", "per_component")
 
 
-def _check_components_way() -> None:
+def _components_way() -> str:
     way = os.environ.get("DIRMULT_CUDA_COMPONENTS", "")
     if way and way not in COMPONENTS_WAYS:
         raise ValueError(f"DIRMULT_CUDA_COMPONENTS must be one of {', '.join(COMPONENTS_WAYS)} "
                          f"(or unset), got {way!r}")
+    return way or "auto"
 
 
-_check_components_way()
+COMPONENTS_WAY = _components_way()
 CUDA_KERNELS = _load_cuda_kernels()
 ops = torch.ops.dirmult
 

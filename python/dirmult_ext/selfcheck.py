@@ -45,6 +45,9 @@ def main(argv=None) -> int:
           f" [{info['cuda_architectures']}], loaded: {info['cuda_kernels_loaded']}")
     print(f"  CPU kernels: {'AVX2' if info['cpu_simd'] == 'avx2' else 'scalar'}"
           " (DIRMULT_CPU_SIMD=none turns AVX2 off)")
+    if info["cuda_kernels_loaded"]:
+        print(f"  CUDA components way: {info['cuda_components_way']}"
+              " (DIRMULT_CUDA_COMPONENTS=fused|per_component forces one)")
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available()
                                           and info["cuda_kernels_loaded"] else "cpu"))
     g = torch.Generator().manual_seed(int(time.time()))
