@@ -155,7 +155,9 @@ def log_lik_components(counts: Tensor, log_alpha: Tensor, *,
         and many components take one pass over the counts per block of
         components; long rows and few components take ``log_lik``'s kernels
         once per component (whichever the measured cost model predicts is
-        faster; then column k is ``log_lik``'s bits). On CPU, always the
+        faster; then column k is ``log_lik``'s bits). The environment
+        variable ``DIRMULT_CUDA_COMPONENTS=fused`` or ``=per_component``,
+        set before import, forces one way for float32. On CPU, always the
         latter.
     """
     _check_inputs(counts, log_alpha)
