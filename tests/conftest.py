@@ -1,9 +1,16 @@
 """Shared fixtures. Tests import the installed dirmult_ext (or the in-place
 build with PYTHONPATH=python); nothing here edits sys.path."""
+import os
+
 import pytest
 import torch
 
-import dirmult_ext
+# The suite tests the CUDA components' measured rule (the tests of the long
+# rows' way expect it); the forced ways are tested in processes of their own
+# (test_cuda_forced_components_way). Dropped before the package reads it.
+os.environ.pop("DIRMULT_CUDA_COMPONENTS", None)
+
+import dirmult_ext  # noqa: E402
 
 
 def available_devices():

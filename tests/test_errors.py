@@ -1,6 +1,9 @@
 """Bad input gets a clear error naming the argument, or (without
 validation) a NaN for the affected rows; never a crash or a silent number."""
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -149,9 +152,6 @@ def test_empty_rows_are_nan_with_a_bad_concentration(device, B):
 @pytest.mark.parametrize("value, ok", [("fused", True), ("per_component", True), ("auto", True),
                                        ("", True), ("Fused", False), ("both", False)])
 def test_components_way_setting_is_checked_on_import(value, ok):
-    import os
-    import subprocess
-    import sys
     env = dict(os.environ, DIRMULT_CUDA_COMPONENTS=value)
     p = subprocess.run([sys.executable, "-c",
                         "import dirmult_ext; print(dirmult_ext.build_info()['cuda_components_way'])"],
