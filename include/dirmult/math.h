@@ -108,8 +108,12 @@ DM_HOST_DEVICE float dm_log_normal(float x) {
   r = __fmaf_rn(f, r, -0.5f);
   r = __fmul_rn(f, r);
   r = __fmaf_rn(f, r, f);
-  const float ef = __fmul_rn(__int2float_rn(e), 1.1920928955078125e-07f);  // e (exact)
-  return __fmaf_rn(ef, __int_as_float(0x3f317218), r);
+  // (e 2^-23) log 2 + r with the power of two moved onto the constant
+  // (log 2 as a float, 0x3f317218, scaled by 2^-23): e is a multiple of
+  // 2^23 below 2^31 in magnitude, so both scalings are exact, the product is
+  // the same real number and the one rounding gives logf's bits, with one
+  // multiply fewer (2 of the fill ring kernel's 27 instructions per entry).
+  return __fmaf_rn(__int2float_rn(e), __int_as_float(0x33b17218), r);
 #else
   return host_log_normal(x);
 #endif
@@ -320,7 +324,9 @@ DM_RARE_PATH double lnpoch_exact_refined(double log_a, int n) {
 // with a product (n >= 2) can cancel; n = 1 is log a itself.
 template <typename T>
 DM_HOST_DEVICE bool lnpoch_exact_cancels(T log_a, int n, T r) {
-  return sizeof(T) == sizeof(float) && log_a < T(0) && n >= 2 && r < T(1) && r > T(-1);
+  // (|r| < 1: on the GPU one comparison, |r| an operand modifier; & rather
+  // than &&, so that no operand is evaluated conditionally.)
+  return sizeof(T) == sizeof(float) && ((log_a < T(0)) & (n >= 2) & (std::fabs(r) < T(1)));
 }
 
 // The per-sample float32 forwards (forward_per_sample_float_kernel and
@@ -364,7 +370,15 @@ DM_HOST_DEVICE void exact_run_step(const ExactFactors<T>& f, int n, ExactRun<T>&
 template <typename T>
 DM_HOST_DEVICE T exact_run_lnpoch(const ExactRun<T>& run, const ExactFactors<T>& f, T log_a,
                                   int n) {
-  return (f.small ? log_a : T(n) * log_a) + dm_log_normal(run.p);
+#if defined(__CUDA_ARCH__)
+  // The same value as below in one multiply-add instead of a multiply and a
+  // select (the fill's loop over n takes the two selects out): 0 n + log a
+  // is log a exactly, and log a n + 0 is the product rounded once.
+  const T leading = fma(f.small ? T(0) : log_a, T(n), f.small ? log_a : T(0));
+#else
+  const T leading = f.small ? log_a : T(n) * log_a;
+#endif
+  return leading + dm_log_normal(run.p);
 }
 
 // Entry n >= 1 from the state after factors 1 .. n - 1: lnpoch(a, n) [- log
