@@ -86,7 +86,7 @@ DM_HOST_DEVICE double dm_log(double x) { return log(x); }
 // log x for normal finite x > 0 (the exact path's products: >= 1 and
 // finite). On the GPU: CUDA 13's logf arithmetic (read from its SASS)
 // without the special cases it checks first (subnormal scaling, inf/NaN,
-// zero), 18 instructions against 26; the same bits as logf for every such x
+// zero), 17 instructions against 26; the same bits as logf for every such x
 // (checked over all of them on the H200: scripts/check_log_normal.cu).
 // Every log of an exact-path product takes it, so the table entries and
 // the math path stay the same bits. On the host: host_log_normal (the same
@@ -112,7 +112,7 @@ DM_HOST_DEVICE float dm_log_normal(float x) {
   // (log 2 as a float, 0x3f317218, scaled by 2^-23): e is a multiple of
   // 2^23 below 2^31 in magnitude, so both scalings are exact, the product is
   // the same real number and the one rounding gives logf's bits, with one
-  // multiply fewer (2 of the fill ring kernel's 27 instructions per entry).
+  // multiply fewer (the table fills take 16 logs per column).
   return __fmaf_rn(__int2float_rn(e), __int_as_float(0x33b17218), r);
 #else
   return host_log_normal(x);
