@@ -561,6 +561,14 @@ __device__ __forceinline__ float float4_at(const float4& x, int j) {
   return j == 0 ? x.x : j == 1 ? x.y : j == 2 ? x.z : x.w;
 }
 
+// The float at a 32-bit shared-memory address. Volatile: it reads memory the
+// compiler does not see, so it must stay between the barriers around it.
+__device__ __forceinline__ float load_shared_float(unsigned at) {
+  float v;
+  asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(at));
+  return v;
+}
+
 // Adds a lane's kUnroll vectors of counts n (columns base + 128 u + j of
 // the chunk) from the chunk's table slice, tq = slice + base / 4: s += the
 // terms (at most 4 in float, then into the double sum), table_N += the
@@ -571,7 +579,11 @@ __device__ __forceinline__ unsigned add_table_terms(const float4 (&n)[kUnroll],
                                                     const float* __restrict__ tq, double& s,
                                                     int& table_N) {
   unsigned rare = 0;
-  // table_slot(base + 128 u + j, n) = n * kTableChunk + j * (kTableChunk / 4) + base / 4 + 32 u
+  // table_slot(base + 128 u + j, n) = n * kTableChunk + j * (kTableChunk / 4) + base / 4 + 32 u.
+  // Read through tq's 32-bit shared address: one shift-add per count and the
+  // rest an immediate offset of the load. Through tq itself the compiler
+  // formed each count's element index, then scaled and added the base.
+  const unsigned tq_at = static_cast<unsigned>(__cvta_generic_to_shared(tq));
 #pragma unroll
   for (int u = 0; u < kUnroll; ++u) {
     float part = 0.0f;
@@ -582,7 +594,9 @@ __device__ __forceinline__ unsigned add_table_terms(const float4 (&n)[kUnroll],
       idx = hit ? idx : 0;
       rare |= hit ? 0u : 1u << (4 * u + j);
       table_N += idx;
-      part += tq[idx * kTableChunk + j * (kTableChunk / 4) + 32 * u];
+      constexpr unsigned kRowBytes = kTableChunk * sizeof(float);
+      part += load_shared_float(tq_at + static_cast<unsigned>(idx) * kRowBytes +
+                                (j * (kTableChunk / 4) + 32 * u) * sizeof(float));
     }
     s += static_cast<double>(part);
   }
@@ -778,13 +792,29 @@ constexpr int kRingSlotVectors = kTableChunk / 4;  // 16-byte vectors per slot: 
 __device__ __forceinline__ void issue_ring_row(float4* __restrict__ slot,
                                                const float* __restrict__ row, int len, int lane) {
   if (row != nullptr) {
-    const float4* src = reinterpret_cast<const float4*>(row);
-#pragma unroll
-    for (int u = 0; u < kTableUnroll; ++u) {
-      const int q = lane + 32 * u;
-      const bool in = 4 * q < len;
-      __pipeline_memcpy_async(slot + q, in ? src + q : src, sizeof(float4), in ? 0 : sizeof(float4));
-    }
+    // One LDGSTS per vector: the vector offset is an immediate and "past the
+    // row" is the copy's ignore-src predicate (the slot gets zeros, the source
+    // is not read), where __pipeline_memcpy_async made each a predicated pair
+    // with selected addresses. An ignored source may lie past the row.
+    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(slot + lane));
+    const float4* src = reinterpret_cast<const float4*>(row) + lane;
+    const int first = 4 * lane;  // the lane's first count in vector 0
+    static_assert(kTableUnroll == 8, "one copy per 512-byte step below");
+#define DIRMULT_RING_COPY(OFF)                                               \
+    asm volatile(                                                            \
+        "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %2, 0;\n\t"                   \
+        "cp.async.cg.shared.global [%0+" #OFF "], [%1+" #OFF "], 16, p;\n\t}" \
+        :: "r"(dst), "l"(src), "r"(static_cast<int>(first + (OFF) / 4 >= len))  \
+        : "memory")
+    DIRMULT_RING_COPY(0);
+    DIRMULT_RING_COPY(512);
+    DIRMULT_RING_COPY(1024);
+    DIRMULT_RING_COPY(1536);
+    DIRMULT_RING_COPY(2048);
+    DIRMULT_RING_COPY(2560);
+    DIRMULT_RING_COPY(3072);
+    DIRMULT_RING_COPY(3584);
+#undef DIRMULT_RING_COPY
   }
   __pipeline_commit();
 }
