@@ -580,9 +580,10 @@ __device__ __forceinline__ unsigned add_table_terms(const float4 (&n)[kUnroll],
                                                     int& table_N) {
   unsigned rare = 0;
   // table_slot(base + 128 u + j, n) = n * kTableChunk + j * (kTableChunk / 4) + base / 4 + 32 u.
-  // Read through tq's 32-bit shared address: one shift-add per count and the
-  // rest an immediate offset of the load. Through tq itself the compiler
-  // formed each count's element index, then scaled and added the base.
+  // Read through tq's 32-bit shared address: one IMAD per count (idx * row
+  // bytes + tq_at), the rest an immediate offset of the load. Through tq
+  // itself the compiler formed each count's element index with an IMAD, then
+  // scaled it and added the base with a LEA.
   const unsigned tq_at = static_cast<unsigned>(__cvta_generic_to_shared(tq));
 #pragma unroll
   for (int u = 0; u < kUnroll; ++u) {
