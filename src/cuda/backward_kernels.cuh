@@ -119,7 +119,7 @@ __global__ void __launch_bounds__(kColThreads, kTable ? 3 : 1)
   const count_t* base = counts + v0;
   const int64_t v_end = V - v0;  // columns left from v0
   // table_slot(4 t + j, n) = n * 1024 + j * 256 + t, read through its 32-bit
-  // shared address as in add_table_terms.
+  // shared address (table_entry_at).
   const unsigned tq_at = static_cast<unsigned>(__cvta_generic_to_shared(adp_tab + t));
   for (int64_t b0 = b_begin; b0 < b_end; b0 += kRowBatch) {
     // A batch of rows whose incoming gradients are all 0 (every component:
@@ -165,8 +165,7 @@ __global__ void __launch_bounds__(kColThreads, kTable ? 3 : 1)
           idx = hit ? idx : 0;
           table_n += idx;
           rare |= hit ? 0u : 1u << (4 * i + j);
-          const float d = load_shared_float(tq_at + static_cast<unsigned>(idx) * kTableChunk * 4 +
-                                            j * (kTableChunk / 4) * 4);
+          const float d = load_shared_float(table_entry_at(tq_at, idx, j * (kTableChunk / 4)));
           acc_batch[j] = fmaf(g, d, acc_batch[j]);
         }
       } else {

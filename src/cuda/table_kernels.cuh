@@ -569,6 +569,16 @@ __device__ __forceinline__ float load_shared_float(unsigned at) {
   return v;
 }
 
+// The 32-bit shared address of table_slot(v, n) + offset, from slot_at, the
+// address of table_slot(v, 0): the lookups' address is one IMAD per count,
+// the rest an immediate offset of the load (through a float* the compiler
+// formed the element index with an IMAD, then scaled it and added the base
+// with a LEA).
+__device__ __forceinline__ unsigned table_entry_at(unsigned slot_at, int n, int offset) {
+  return slot_at + static_cast<unsigned>(n) * (kTableChunk * sizeof(float)) +
+         static_cast<unsigned>(offset) * sizeof(float);
+}
+
 // Adds a lane's kUnroll vectors of counts n (columns base + 128 u + j of
 // the chunk) from the chunk's table slice, tq = slice + base / 4: s += the
 // terms (at most 4 in float, then into the double sum), table_N += the
@@ -579,11 +589,8 @@ __device__ __forceinline__ unsigned add_table_terms(const float4 (&n)[kUnroll],
                                                     const float* __restrict__ tq, double& s,
                                                     int& table_N) {
   unsigned rare = 0;
-  // table_slot(base + 128 u + j, n) = n * kTableChunk + j * (kTableChunk / 4) + base / 4 + 32 u.
-  // Read through tq's 32-bit shared address: one IMAD per count (idx * row
-  // bytes + tq_at), the rest an immediate offset of the load. Through tq
-  // itself the compiler formed each count's element index with an IMAD, then
-  // scaled it and added the base with a LEA.
+  // table_slot(base + 128 u + j, n) = n * kTableChunk + j * (kTableChunk / 4) + base / 4 + 32 u,
+  // read through tq's 32-bit shared address (table_entry_at).
   const unsigned tq_at = static_cast<unsigned>(__cvta_generic_to_shared(tq));
 #pragma unroll
   for (int u = 0; u < kUnroll; ++u) {
@@ -595,9 +602,7 @@ __device__ __forceinline__ unsigned add_table_terms(const float4 (&n)[kUnroll],
       idx = hit ? idx : 0;
       rare |= hit ? 0u : 1u << (4 * u + j);
       table_N += idx;
-      constexpr unsigned kRowBytes = kTableChunk * sizeof(float);
-      part += load_shared_float(tq_at + static_cast<unsigned>(idx) * kRowBytes +
-                                (j * (kTableChunk / 4) + 32 * u) * sizeof(float));
+      part += load_shared_float(table_entry_at(tq_at, idx, j * (kTableChunk / 4) + 32 * u));
     }
     s += static_cast<double>(part);
   }
