@@ -39,12 +39,19 @@ struct PerSampleTerm {
   float base, step, lbase, m, p;
 };
 
-// 1 / x by the hardware approximation and one Newton step, within an ulp
-// (IEEE division branches to a slow path for special operands, a branch
-// per count in these kernels).
-__device__ __forceinline__ float newton_reciprocal(float x) {
+// 1 / x by the hardware approximation, within an ulp (IEEE division
+// branches to a slow path for special operands, a branch per count in these
+// kernels). Enough for a step r of factors 1 + k r: it moves their rounding
+// by under an ulp.
+__device__ __forceinline__ float approx_reciprocal(float x) {
   float r;
   asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
+
+// The same with one Newton step, for a ratio that is a result.
+__device__ __forceinline__ float newton_reciprocal(float x) {
+  const float r = approx_reciprocal(x);
   return fmaf(r, fmaf(-x, r, 1.0f), r);
 }
 
@@ -52,9 +59,10 @@ __device__ __forceinline__ float newton_reciprocal(float x) {
 // is 0) of concentration a = exp(la).
 __device__ __forceinline__ PerSampleTerm per_sample_term(float a, float la, float m) {
   const bool small = a < Tuning<float>::kStirlingMin;
-  const float r = newton_reciprocal(a);
-  return {small ? a : 1.0f, small ? 1.0f : r,
-          m == 0.0f ? 0.0f : (small ? la : m * la), m, 1.0f};
+  const float r = approx_reciprocal(a);
+  // lbase: log a (small a, m >= 1) or m log a; m = 0 gives 0 log a, which is
+  // 0 wherever la is finite (a non-finite la makes the row NaN anyway).
+  return {small ? a : 1.0f, small ? 1.0f : r, (small ? fminf(m, 1.0f) : m) * la, m, 1.0f};
 }
 
 // Whether lnpoch = la + log p (la = log a, ap = a p) cancels: |lnpoch| < 1,
@@ -120,6 +128,11 @@ __global__ void __launch_bounds__(kRowWarps * 32, normalize ? 4 : 0)
       in = left >= 4 ? 4 : (left > 0 ? static_cast<int>(left) : 0);
       load_counts<float, count_t>(row, v, v_end, aligned, n, unused);
       load_counts<float, float>(lrow, v, v_end, aligned, la, unused);
+      // Past the end a zero count of concentration exp(-200), which is 0 in
+      // float: such a column adds nothing to A or to the sums, so the step
+      // needs no per-count bounds below.
+#pragma unroll
+      for (int j = 0; j < 4; ++j) la[j] = j < in ? la[j] : -200.0f;
     }
     PerSampleTerm t[4];
     float a[4], asum = 0.0f, nf = 0.0f;
@@ -128,7 +141,7 @@ __global__ void __launch_bounds__(kRowWarps * 32, normalize ? 4 : 0)
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       a[j] = dm_exp(la[j]);
-      asum += j < in ? a[j] : 0.0f;
+      asum += a[j];
       ok = ok && fabsf(la[j]) <= FLT_MAX;
       const bool hit = table_index(n[j], mi[j]);
       mi[j] = hit ? mi[j] : 0;
@@ -137,28 +150,30 @@ __global__ void __launch_bounds__(kRowWarps * 32, normalize ? 4 : 0)
       m_max = max(m_max, mi[j]);
       if (normalize) nf += log_fact[mi[j]];
       t[j] = per_sample_term(a[j], la[j], hit ? n[j] : 0.0f);
+      // An even m leaves factor k = m - 1 out of the pairs below: it starts
+      // the product (here the term's fields are still in registers; after
+      // the loop they were recomputed, 8.5 instructions a count).
+      const bool odd_top = (0x15554u >> mi[j]) & 1u;  // m = 2, 4, ..., 16
+      t[j].p = odd_top ? t[j].base + (t[j].m - 1.0f) * t[j].step : 1.0f;
     }
     A += static_cast<double>(asum);
     if (normalize) norm -= static_cast<double>(nf);
     m_max = __reduce_max_sync(0xffffffffu, m_max);
-    if (m_max >= 2) {
+    if (m_max >= 3) {
       // Factors k = 1 .. m - 1 two at a time, (k, k + 1) for k = 1, 3, ...
-      // (two factors for a product, a sum and a predicated multiply), then
-      // an odd last one (k = m - 1).
-      float kf = 1.0f;
+      // (two factors for a product, a sum and a predicated multiply); an
+      // even m's last one (k = m - 1) is already in p.
+      // (kf alone counts the steps: an int index beside it cost two more
+      // instructions a step.)
+      const float last = static_cast<float>(m_max);
 #pragma unroll 1
-      for (int k = 1; k + 1 < m_max; k += 2, kf += 2.0f) {
+      for (float kf = 1.0f; kf + 1.0f < last; kf += 2.0f) {
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           const float f = t[j].base + kf * t[j].step;
           const float pair = f * (f + t[j].step);
           if (kf + 1.0f < t[j].m) t[j].p *= pair;
         }
-      }
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float f = t[j].base + (t[j].m - 1.0f) * t[j].step;
-        if (mi[j] >= 2 && (mi[j] & 1) == 0) t[j].p *= f;
       }
     }
     float lsum = 0.0f;
