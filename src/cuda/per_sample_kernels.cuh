@@ -117,7 +117,6 @@ __global__ void __launch_bounds__(kRowWarps * 32, normalize ? 4 : 0)
     const int64_t v = v0 + 4 * (threadIdx.x & 31);
     float n[4], la[4];
     double unused[4];
-    int in = 4;
     if (aligned && v0 + 128 <= v_end) {
       // A whole step of the warp (all but a row piece's last): no bounds per
       // lane (~30 instructions per step, 64-bit compares, went to them).
@@ -125,7 +124,7 @@ __global__ void __launch_bounds__(kRowWarps * 32, normalize ? 4 : 0)
       load4<float, float>(lrow + v, la, unused);
     } else {
       const int64_t left = v_end - v;
-      in = left >= 4 ? 4 : (left > 0 ? static_cast<int>(left) : 0);
+      const int in = left >= 4 ? 4 : (left > 0 ? static_cast<int>(left) : 0);
       load_counts<float, count_t>(row, v, v_end, aligned, n, unused);
       load_counts<float, float>(lrow, v, v_end, aligned, la, unused);
       // Past the end a zero count of concentration exp(-200), which is 0 in
