@@ -98,7 +98,7 @@ __device__ __forceinline__ void stage_step(unsigned c_dst, unsigned l_dst,
 
 // Four blocks per SM for the normalize variants: unbounded they take 77-79
 // registers (three blocks), and the fourth block pays for their 32-40 bytes
-// of stack (tall 345 -> 320 us). 0 leaves the plain variants as unbounded
+// of stack (tall 345 -> 320 us; 40-48 with the staging below). 0 leaves the plain variants as unbounded
 // (64 registers, the same SASS); 1 would not (72 registers).
 template <typename count_t, bool normalize>
 __global__ void __launch_bounds__(kRowWarps * 32, normalize ? 4 : 0)
