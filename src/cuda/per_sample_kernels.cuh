@@ -74,34 +74,45 @@ __device__ __forceinline__ bool per_sample_cancels(float la, float ap, const Per
   return la < 0.0f && t.m >= 2.0f && ap > 0.35f && ap < 2.9f;
 }
 
+// The staging slots of a lane: its counts in 16-byte parts, then its four
+// log_alpha, each part 32 lanes x 16 bytes after the one before, so that
+// one 32-bit shared address serves them all (two arrays took ~10 more
+// instructions a step to address).
+template <typename count_t>
+constexpr int kCountParts = sizeof(Count4<count_t>) <= 16 ? 1 : 2;
+constexpr unsigned kPartBytes = 32 * 16;
+
 // Starts the asynchronous copy (cp.async: the bytes land in shared memory
 // without holding registers) of a lane's four counts and four log_alpha,
-// aligned runs (`aligned` rows), to 32-bit shared addresses.
+// aligned runs (`aligned` rows), to its slots at shared address dst.
 template <typename count_t>
-__device__ __forceinline__ void stage_step(unsigned c_dst, unsigned l_dst,
-                                           const count_t* __restrict__ c_src,
+__device__ __forceinline__ void stage_step(unsigned dst, const count_t* __restrict__ c_src,
                                            const float* __restrict__ l_src) {
   constexpr int kBytes = 4 * sizeof(count_t);
   static_assert(kBytes == 4 || kBytes == 16 || kBytes == 32, "a count type of 1, 4 or 8 bytes");
   if constexpr (kBytes == 4) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(c_dst), "l"(c_src) : "memory");
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(c_src) : "memory");
   } else {
 #pragma unroll
     for (int h = 0; h < kBytes / 16; ++h) {
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(c_dst + 16 * h),
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst + kPartBytes * h),
                    "l"(reinterpret_cast<const char*>(c_src) + 16 * h)
                    : "memory");
     }
   }
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(l_dst), "l"(l_src) : "memory");
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst + kPartBytes * kCountParts<count_t>),
+               "l"(l_src)
+               : "memory");
 }
 
-// Four blocks per SM for the normalize variants: unbounded they take 77-79
-// registers (three blocks), and the fourth block pays for their 32-40 bytes
-// of stack (tall 345 -> 320 us; 40-48 with the staging below). 0 leaves the plain variants as unbounded
-// (64 registers, the same SASS); 1 would not (72 registers).
+// Four blocks per SM (64 registers). Unbounded, the normalize variants take
+// 77-79 registers (three blocks) and float64 counts 74; the fourth block
+// pays for the stack: 8 bytes for float32 counts, 16 for uint8, 24 for
+// float64, 32 for the normalize variants (tall normalized 345 -> 320 us when
+// the bound came in; plain, with the stepped pointers below, unbounded
+// against bounded: tall 240.6 -> 237.6 us, the same bits).
 template <typename count_t, bool normalize>
-__global__ void __launch_bounds__(kRowWarps * 32, normalize ? 4 : 0)
+__global__ void __launch_bounds__(kRowWarps * 32, 4)
     forward_per_sample_float_kernel(const count_t* __restrict__ counts,
                                     const float* __restrict__ log_alpha, int64_t B, int64_t V,
                                     RowSplit split, bool aligned,
@@ -111,16 +122,11 @@ __global__ void __launch_bounds__(kRowWarps * 32, normalize ? 4 : 0)
   // Each warp's deferred counts of a group, as column offsets from the
   // group's first column, in (lane, bit) order.
   __shared__ uint16_t queue[kRowWarps][32 * 4 * kGroup];
-  // The normalize variants stage each warp's next whole step in shared
-  // memory (double-buffered, cp.async), so that its loads are in flight
-  // while the warp computes the current one: tall 302 -> 283 us. The plain
-  // variants load directly: staged, their copies' addresses (~17
-  // instructions a step) cost more than the latency saved (247 -> 251-256
-  // us), and they are kept at 64 registers without a bound.
-  constexpr bool kStaged = normalize;
-  constexpr int kStageWarps = kStaged ? kRowWarps : 1;
-  __shared__ Count4<count_t> c_stage[kStageWarps][2][32];
-  __shared__ float4 l_stage[kStageWarps][2][32];
+  // Each warp's next whole step is staged in shared memory (double-buffered,
+  // cp.async), so that its loads are in flight while the warp computes the
+  // current one (tall normalized 302 -> 283 us; plain 235.5 -> 233.8 once
+  // the addresses were cheap, mid 35.2 -> 33.6).
+  __shared__ float4 stage[kRowWarps][2][kCountParts<count_t> + 1][32];
   if (normalize && threadIdx.x < kTableWidth) {
     log_fact[threadIdx.x] = log_factorial(static_cast<float>(threadIdx.x));
   }
@@ -144,62 +150,63 @@ __global__ void __launch_bounds__(kRowWarps * 32, normalize ? 4 : 0)
   int group_m = 0;  // the group's largest exact-path count
   float kept_err = 0.0f;  // the kept cancelling values' error bound, in units of 2^-24
   float magnitude = 0.0f;  // sum of |the loads' float32 sums|: at most the terms' magnitudes
-  int load = 0;
-  // Staged: the warp's whole steps (all but a row piece's last, in aligned
-  // rows) go through the buffers; each lane copies and reads only its own
-  // slots, so the warp needs no barrier.
-  const int whole_steps = kStaged && aligned ? static_cast<int>((v_end - v_begin) >> 7) : 0;
-  const int stage_warp = kStaged ? threadIdx.x >> 5 : 0;
-  const unsigned c_at = static_cast<unsigned>(
-      __cvta_generic_to_shared(&c_stage[stage_warp][0][threadIdx.x & 31]));
-  const unsigned l_at = static_cast<unsigned>(
-      __cvta_generic_to_shared(&l_stage[stage_warp][0][threadIdx.x & 31]));
-  constexpr unsigned kCBuf = sizeof(c_stage[0][0]), kLBuf = sizeof(l_stage[0][0]);
-  const count_t* c_src = row + v_begin + 4 * (threadIdx.x & 31);
-  const float* l_src = lrow + v_begin + 4 * (threadIdx.x & 31);
-  if (kStaged) {
-    if (whole_steps > 0) stage_step(c_at, l_at, c_src, l_src);
-    __pipeline_commit();
-  }
+  // The warp's steps read through pointers to the lane's columns, stepped
+  // by 128, and the columns left; a row piece's first column, last column
+  // and row are not held through the loop (recomputing the addresses from
+  // them took ~30 instructions a step, and holding them all pushed the
+  // loop past 64 registers).
+  const count_t* c_at_v = row + v_begin + 4 * (threadIdx.x & 31);
+  const float* l_at_v = lrow + v_begin + 4 * (threadIdx.x & 31);
+  int64_t left = v_end - v_begin;  // the warp's columns from this step's first
+  // Each lane copies and reads only its own slots, so the warp needs no
+  // barrier.
+  const int stage_warp = threadIdx.x >> 5;
+  const unsigned stage_at = static_cast<unsigned>(
+      __cvta_generic_to_shared(&stage[stage_warp][0][0][threadIdx.x & 31]));
+  constexpr unsigned kBuf = sizeof(stage[0][0]);
+  if (aligned && left >= 128) stage_step(stage_at, c_at_v, l_at_v);
+  __pipeline_commit();
   // Warp-uniform steps (the warp reductions inside): lanes past the end read
   // zeros, which take no term and add nothing to A.
-  for (int64_t v0 = v_begin; v0 < v_end; v0 += 128, ++load) {
-    const int64_t v = v0 + 4 * (threadIdx.x & 31);
+  for (int load = 0; left > 0; ++load, left -= 128, c_at_v += 128, l_at_v += 128) {
     float n[4], la[4];
-    double unused[4];
-    if (kStaged) {
-      if (load + 1 < whole_steps) {
-        // (The buffer it fills was read by this lane in the step before.)
-        const unsigned next = (load + 1) & 1;
-        stage_step(c_at + next * kCBuf, l_at + next * kLBuf, c_src + 128 * (load + 1),
-                   l_src + 128 * (load + 1));
-      }
-      __pipeline_commit();  // one group per step, empty or not
+    // A whole step (all but a row piece's last, in aligned rows) needs no
+    // bounds per lane.
+    const bool whole = aligned && left >= 128;
+    if (aligned && left >= 256) {
+      // (The buffer it fills was read by this lane in the step before.)
+      const unsigned next = (load + 1) & 1;
+      stage_step(stage_at + next * kBuf, c_at_v + 128, l_at_v + 128);
     }
-    if (kStaged ? load < whole_steps : aligned && v0 + 128 <= v_end) {
-      // A whole step of the warp (all but a row piece's last): no bounds per
-      // lane (~30 instructions per step, 64-bit compares, went to them).
-      if constexpr (kStaged) {
-        __pipeline_wait_prior(1);  // this step's group
-        const Count4<count_t> c = c_stage[stage_warp][load & 1][threadIdx.x & 31];
-        const float4 l = l_stage[stage_warp][load & 1][threadIdx.x & 31];
+    __pipeline_commit();  // one group per step, empty or not
+    if (whole) {
+      __pipeline_wait_prior(1);  // this step's group
+      const float4* slot = &stage[stage_warp][load & 1][0][threadIdx.x & 31];
+      if constexpr (sizeof(count_t) == 8) {
+        const double2 c01 = *reinterpret_cast<const double2*>(slot);
+        const double2 c23 = *reinterpret_cast<const double2*>(slot + 32);
+        n[0] = static_cast<float>(c01.x), n[1] = static_cast<float>(c01.y);
+        n[2] = static_cast<float>(c23.x), n[3] = static_cast<float>(c23.y);
+      } else {
+        const Count4<count_t> c = *reinterpret_cast<const Count4<count_t>*>(slot);
 #pragma unroll
         for (int j = 0; j < 4; ++j) n[j] = static_cast<float>(c.v[j]);
-        la[0] = l.x, la[1] = l.y, la[2] = l.z, la[3] = l.w;
-      } else {
-        load4<float, count_t>(row + v, n, unused);
-        load4<float, float>(lrow + v, la, unused);
       }
+      const float4 l = slot[32 * kCountParts<count_t>];
+      la[0] = l.x, la[1] = l.y, la[2] = l.z, la[3] = l.w;
     } else {
-      const int64_t left = v_end - v;
-      const int in = left >= 4 ? 4 : (left > 0 ? static_cast<int>(left) : 0);
-      load_counts<float, count_t>(row, v, v_end, aligned, n, unused);
-      load_counts<float, float>(lrow, v, v_end, aligned, la, unused);
+      // The lane's columns in the row piece: 0 .. 4.
+      const int64_t lane_left = left - 4 * (threadIdx.x & 31);
+      const int in = lane_left >= 4 ? 4 : (lane_left > 0 ? static_cast<int>(lane_left) : 0);
       // Past the end a zero count of concentration exp(-200), which is 0 in
       // float: such a column adds nothing to A or to the sums, so the step
-      // needs no per-count bounds below.
+      // needs no per-count bounds below. (__ldg, the read-only path: generic loads
+      // here gave the pointers a second pair of registers.)
 #pragma unroll
-      for (int j = 0; j < 4; ++j) la[j] = j < in ? la[j] : -200.0f;
+      for (int j = 0; j < 4; ++j) {
+        n[j] = j < in ? static_cast<float>(__ldg(c_at_v + j)) : 0.0f;
+        la[j] = j < in ? __ldg(l_at_v + j) : -200.0f;
+      }
     }
     PerSampleTerm t[4];
     float a[4], asum = 0.0f, nf = 0.0f;
@@ -220,7 +227,7 @@ __global__ void __launch_bounds__(kRowWarps * 32, normalize ? 4 : 0)
       // An even m leaves factor k = m - 1 out of the pairs below: it starts
       // the product (here the term's fields are still in registers; after
       // the loop they were recomputed, 8.5 instructions a count).
-      const bool odd_top = (0x15554u >> mi[j]) & 1u;  // m = 2, 4, ..., 16
+      const bool odd_top = (0x15554u & (1u << mi[j])) != 0u;  // m = 2, 4, ..., 16
       t[j].p = odd_top ? t[j].base + (t[j].m - 1.0f) * t[j].step : 1.0f;
     }
     A += static_cast<double>(asum);
@@ -268,7 +275,7 @@ __global__ void __launch_bounds__(kRowWarps * 32, normalize ? 4 : 0)
     }
     acc += static_cast<double>(lsum + logs);
     magnitude += fabsf(lsum + logs);
-    if (load % kGroup == kGroup - 1 || v0 + 128 >= v_end) {
+    if (load % kGroup == kGroup - 1 || left <= 128) {
       N += static_cast<double>(table_N);
       table_N = 0;
       // The cancelling counts keep their float32 values where the error
@@ -301,16 +308,18 @@ __global__ void __launch_bounds__(kRowWarps * 32, normalize ? 4 : 0)
       // cancelling and redone, log_alpha ~ U(-2, 0)).
       if (__any_sync(0xffffffffu, slow != 0)) {
         const int lane = threadIdx.x & 31;
-        const int64_t warp_v = v0 - 128 * (load % kGroup);  // the group's first column
+        // The group's first column, as offsets from the lane's pointers.
+        const int64_t group_v = -4 * lane - 128 * (load % kGroup);
         auto take = [&](int64_t vv) {
-          const float l = lrow[vv];
+          const float l = __ldg(l_at_v + vv);
           int m;
-          if (table_index(static_cast<float>(row[vv]), m)) {
+          const count_t c = __ldg(c_at_v + vv);
+          if (table_index(static_cast<float>(c), m)) {
             // cancelling and redone: the float64 value (N and log n! taken)
             acc += lnpoch_exact_refined(static_cast<double>(l), m);
             return;
           }
-          add_rare_term(rare_term(row[vv], normalize,
+          add_rare_term(rare_term(c, normalize,
                                   [&](float x) { return lnpoch(dm_exp(l), l, x); }),
                         normalize, acc, N, norm, ok);
         };
@@ -327,7 +336,7 @@ __global__ void __launch_bounds__(kRowWarps * 32, normalize ? 4 : 0)
         }
         __syncwarp();
 #pragma unroll 1
-        for (int i = lane; i < total; i += 32) take(warp_v + q[i]);
+        for (int i = lane; i < total; i += 32) take(group_v + q[i]);
         __syncwarp();  // the queue is reused by the next group
       }
     }
