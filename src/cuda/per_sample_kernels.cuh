@@ -100,8 +100,8 @@ __device__ __forceinline__ void stage_step(unsigned dst, const count_t* __restri
                    : "memory");
     }
   }
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst + kPartBytes * kCountParts<count_t>),
-               "l"(l_src)
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;"
+               ::"r"(dst + kPartBytes * kCountParts<count_t>), "l"(l_src)
                : "memory");
 }
 
@@ -200,8 +200,8 @@ __global__ void __launch_bounds__(kRowWarps * 32, 4)
       const int in = lane_left >= 4 ? 4 : (lane_left > 0 ? static_cast<int>(lane_left) : 0);
       // Past the end a zero count of concentration exp(-200), which is 0 in
       // float: such a column adds nothing to A or to the sums, so the step
-      // needs no per-count bounds below. (__ldg, the read-only path: generic loads
-      // here gave the pointers a second pair of registers.)
+      // needs no per-count bounds below. (__ldg: generic loads here gave the
+      // pointers a second pair of registers.)
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         n[j] = j < in ? static_cast<float>(__ldg(c_at_v + j)) : 0.0f;
