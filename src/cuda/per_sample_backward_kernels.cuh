@@ -23,6 +23,25 @@ struct PerSampleSums {
   bool ok;
 };
 
+// A lane's four counts and log_alpha from its pointers, in (0 .. 4) of them
+// in the row piece: the rest read as zeros (load_counts' values).
+template <typename count_t>
+__device__ __forceinline__ void load_lane_counts(const count_t* __restrict__ c,
+                                                 const float* __restrict__ l, int in,
+                                                 bool aligned, float n[4], float la[4]) {
+  double unused[4];
+  if (aligned && in == 4) {
+    load4<float, count_t>(c, n, unused);
+    load4<float, float>(l, la, unused);
+    return;
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    n[j] = j < in ? static_cast<float>(__ldg(c + j)) : 0.0f;
+    la[j] = j < in ? __ldg(l + j) : 0.0f;
+  }
+}
+
 template <typename count_t>
 __device__ __forceinline__ PerSampleSums per_sample_warp_sums(const count_t* __restrict__ row,
                                                               const float* __restrict__ lrow,
@@ -33,22 +52,27 @@ __device__ __forceinline__ PerSampleSums per_sample_warp_sums(const count_t* __r
   int table_N = 0;  // at most 16 per count; flushed into N every 1024 loads
   bool ok = true;
   int load = 0;
-  for (int64_t v = v_begin + 4 * lane; v < v_end; v += 128, ++load) {
+  // Pointers to the lane's columns stepped by 128, and the lane's columns
+  // left (as forward_per_sample_float_kernel: no 64-bit address and bounds
+  // arithmetic per step).
+  const count_t* c = row + v_begin + 4 * lane;
+  const float* l = lrow + v_begin + 4 * lane;
+  for (int64_t left = v_end - v_begin - 4 * lane; left > 0;
+       left -= 128, c += 128, l += 128, ++load) {
+    const int in = left >= 4 ? 4 : static_cast<int>(left);
     float n[4], la[4];
-    double unused[4];
-    load_counts<float, count_t>(row, v, v_end, aligned, n, unused);
-    load_counts<float, float>(lrow, v, v_end, aligned, la, unused);
+    load_lane_counts(c, l, in, aligned, n, la);
     float asum = 0.0f;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      asum += v + j < v_end ? dm_exp(la[j]) : 0.0f;
+      asum += j < in ? dm_exp(la[j]) : 0.0f;
       ok = ok && fabsf(la[j]) <= FLT_MAX;
       int idx;
       if (table_index(n[j], idx)) {
         table_N += idx;
       } else {  // off the table: rare
         ok = ok && is_valid_count(n[j]);
-        N += static_cast<double>(row[v + j]);
+        N += static_cast<double>(c[j]);
       }
     }
     A += static_cast<double>(asum);
@@ -113,15 +137,18 @@ __global__ void __launch_bounds__(kRowWarps * 32)
     const PerSampleSums s = per_sample_warp_sums(row, lrow, 0, V, aligned);
     d = row_totals(s.N, s.A, s.ok, normalize).d;
   }
-  float* out = grad_la + it.b * V;
   // Warp-uniform steps (the warp reduction inside); lanes past the end
-  // compute on zeros and store nothing.
-  for (int64_t v0 = it.v_begin; v0 < v_end; v0 += 128) {
-    const int64_t v = v0 + 4 * lane;
+  // compute on zeros and store nothing. Pointers to the lane's columns,
+  // stepped by 128, and the warp's columns left.
+  const count_t* c = row + it.v_begin + 4 * lane;
+  const float* l = lrow + it.v_begin + 4 * lane;
+  float* out = grad_la + it.b * V + it.v_begin + 4 * lane;
+  for (int64_t left = v_end - it.v_begin; left > 0;
+       left -= 128, c += 128, l += 128, out += 128) {
+    const int64_t lane_left = left - 4 * lane;
+    const int in = lane_left >= 4 ? 4 : (lane_left > 0 ? static_cast<int>(lane_left) : 0);
     float n[4], la[4];
-    double unused[4];
-    load_counts<float, count_t>(row, v, v_end, aligned, n, unused);
-    load_counts<float, float>(lrow, v, v_end, aligned, la, unused);
+    load_lane_counts(c, l, in, aligned, n, la);
     float a[4], q[4];
     PerSampleTerm t[4];
     int mi[4], m_max = 0;
@@ -163,8 +190,8 @@ __global__ void __launch_bounds__(kRowWarps * 32)
     // step), from the owner's count and log_alpha (the same a and n).
     if (__any_sync(0xffffffffu, rare != 0)) {
       auto compute = [&](int owner, int e) {
-        const int64_t vo = v + 4 * (owner - lane) + e;
-        return adpoch(dm_exp(lrow[vo]), static_cast<float>(row[vo]));
+        const int o = 4 * (owner - lane) + e;  // the owner's column, from this lane's
+        return adpoch(dm_exp(__ldg(l + o)), static_cast<float>(__ldg(c + o)));
       };
       auto consume = [&](int e, float value) {
 #pragma unroll
@@ -177,12 +204,12 @@ __global__ void __launch_bounds__(kRowWarps * 32)
     for (int j = 0; j < 4; ++j) {
       gl[j] = static_cast<float>(g * (static_cast<double>(adp[j]) - static_cast<double>(a[j]) * d));
     }
-    if (aligned && v + 4 <= v_end) {
-      *reinterpret_cast<float4*>(out + v) = make_float4(gl[0], gl[1], gl[2], gl[3]);
+    if (aligned && in == 4) {
+      *reinterpret_cast<float4*>(out) = make_float4(gl[0], gl[1], gl[2], gl[3]);
     } else {
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        if (v + j < v_end) out[v + j] = gl[j];
+        if (j < in) out[j] = gl[j];
       }
     }
   }
