@@ -89,6 +89,26 @@ __device__ __forceinline__ void load_counts(const count_t* __restrict__ row, int
   }
 }
 
+// load_counts for a per-sample row: a lane's four counts and log_alpha from
+// its pointers, `in` (0 .. 4) of them inside the row piece, the rest read as
+// zeros; vectorized when `aligned` and all four are in.
+template <typename count_t>
+__device__ __forceinline__ void load_lane_counts(const count_t* __restrict__ c,
+                                                 const float* __restrict__ l, int in,
+                                                 bool aligned, float n[4], float la[4]) {
+  double unused[4];
+  if (aligned && in == 4) {
+    load4<float, count_t>(c, n, unused);
+    load4<float, float>(l, la, unused);
+    return;
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    n[j] = j < in ? static_cast<float>(__ldg(c + j)) : 0.0f;
+    la[j] = j < in ? __ldg(l + j) : 0.0f;
+  }
+}
+
 template <typename T>
 __device__ __forceinline__ T warp_sum(T x) {
 #pragma unroll

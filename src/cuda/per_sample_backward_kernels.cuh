@@ -23,25 +23,6 @@ struct PerSampleSums {
   bool ok;
 };
 
-// A lane's four counts and log_alpha from its pointers, in (0 .. 4) of them
-// in the row piece: the rest read as zeros (load_counts' values).
-template <typename count_t>
-__device__ __forceinline__ void load_lane_counts(const count_t* __restrict__ c,
-                                                 const float* __restrict__ l, int in,
-                                                 bool aligned, float n[4], float la[4]) {
-  double unused[4];
-  if (aligned && in == 4) {
-    load4<float, count_t>(c, n, unused);
-    load4<float, float>(l, la, unused);
-    return;
-  }
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    n[j] = j < in ? static_cast<float>(__ldg(c + j)) : 0.0f;
-    la[j] = j < in ? __ldg(l + j) : 0.0f;
-  }
-}
-
 template <typename count_t>
 __device__ __forceinline__ PerSampleSums per_sample_warp_sums(const count_t* __restrict__ row,
                                                               const float* __restrict__ lrow,
