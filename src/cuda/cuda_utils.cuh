@@ -89,13 +89,22 @@ __device__ __forceinline__ void load_counts(const count_t* __restrict__ row, int
   }
 }
 
+// A lane's columns (0 .. 4) in a per-sample step, its four from 4 lane,
+// with `left` columns from the step's first.
+__device__ __forceinline__ int lane_columns(int64_t left, int lane) {
+  const int64_t lane_left = left - 4 * lane;
+  return lane_left >= 4 ? 4 : (lane_left > 0 ? static_cast<int>(lane_left) : 0);
+}
+
 // load_counts for a per-sample row: a lane's four counts and log_alpha from
-// its pointers, `in` (0 .. 4) of them inside the row piece, the rest read as
-// zeros; vectorized when `aligned` and all four are in.
+// its pointers, `in` (0 .. 4) of them inside the row piece; past it counts
+// read as 0 and log_alpha as la_past_end. Vectorized when `aligned` and all
+// four are in.
 template <typename count_t>
 __device__ __forceinline__ void load_lane_counts(const count_t* __restrict__ c,
                                                  const float* __restrict__ l, int in,
-                                                 bool aligned, float n[4], float la[4]) {
+                                                 bool aligned, float la_past_end, float n[4],
+                                                 float la[4]) {
   double unused[4];
   if (aligned && in == 4) {
     load4<float, count_t>(c, n, unused);
@@ -105,7 +114,7 @@ __device__ __forceinline__ void load_lane_counts(const count_t* __restrict__ c,
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     n[j] = j < in ? static_cast<float>(__ldg(c + j)) : 0.0f;
-    la[j] = j < in ? __ldg(l + j) : 0.0f;
+    la[j] = j < in ? __ldg(l + j) : la_past_end;
   }
 }
 

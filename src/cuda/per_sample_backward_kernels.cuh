@@ -42,7 +42,7 @@ __device__ __forceinline__ PerSampleSums per_sample_warp_sums(const count_t* __r
        left -= 128, c += 128, l += 128, ++load) {
     const int in = left >= 4 ? 4 : static_cast<int>(left);
     float n[4], la[4];
-    load_lane_counts(c, l, in, aligned, n, la);
+    load_lane_counts(c, l, in, aligned, 0.0f, n, la);
     float asum = 0.0f;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
@@ -126,10 +126,9 @@ __global__ void __launch_bounds__(kRowWarps * 32)
   float* out = grad_la + it.b * V + it.v_begin + 4 * lane;
   for (int64_t left = v_end - it.v_begin; left > 0;
        left -= 128, c += 128, l += 128, out += 128) {
-    const int64_t lane_left = left - 4 * lane;
-    const int in = lane_left >= 4 ? 4 : (lane_left > 0 ? static_cast<int>(lane_left) : 0);
+    const int in = lane_columns(left, lane);
     float n[4], la[4];
-    load_lane_counts(c, l, in, aligned, n, la);
+    load_lane_counts(c, l, in, aligned, 0.0f, n, la);
     float a[4], q[4];
     PerSampleTerm t[4];
     int mi[4], m_max = 0;

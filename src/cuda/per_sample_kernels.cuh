@@ -195,18 +195,13 @@ __global__ void __launch_bounds__(kRowWarps * 32, 4)
       const float4 l = slot[32 * kCountParts<count_t>];
       la[0] = l.x, la[1] = l.y, la[2] = l.z, la[3] = l.w;
     } else {
-      // The lane's columns in the row piece: 0 .. 4.
-      const int64_t lane_left = left - 4 * (threadIdx.x & 31);
-      const int in = lane_left >= 4 ? 4 : (lane_left > 0 ? static_cast<int>(lane_left) : 0);
       // Past the end a zero count of concentration exp(-200), which is 0 in
       // float: such a column adds nothing to A or to the sums, so the step
-      // needs no per-count bounds below. (__ldg: generic loads here gave the
-      // pointers a second pair of registers.)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        n[j] = j < in ? static_cast<float>(__ldg(c_at_v + j)) : 0.0f;
-        la[j] = j < in ? __ldg(l_at_v + j) : -200.0f;
-      }
+      // needs no per-count bounds below. Scalar loads (aligned = false): the
+      // vector path, once per row piece, cost the float64-count variants
+      // 8 more bytes of stack.
+      load_lane_counts(c_at_v, l_at_v, lane_columns(left, threadIdx.x & 31), false, -200.0f, n,
+                       la);
     }
     PerSampleTerm t[4];
     float a[4], asum = 0.0f, nf = 0.0f;
