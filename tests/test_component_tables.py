@@ -134,7 +134,7 @@ def test_cpu_components_are_log_lik_per_component(B, V, dtype, normalize):
 # under and over the backward's table threshold, uint8 counts, and a
 # log_alpha that starts off 16-byte alignment (a view at an offset).
 @pytest.mark.skipif(not (torch.cuda.is_available() and dirmult_ext.CUDA_KERNELS),
-                    reason="needs a CUDA device (runs in scripts/gpu_check.sh)")
+                    reason="needs a CUDA device (runs in scripts/gpu/gpu_check.sh)")
 @pytest.mark.parametrize("B, V, K, grad_bits",
                          [(1, 70000, 5, False), (4, 70000, 2, True), (16, 20000, 2, True),
                           (40, 70000, 2, True)])
@@ -195,7 +195,7 @@ def _kernels_launched(counts, la, w):
 
 
 @pytest.mark.skipif(not (torch.cuda.is_available() and dirmult_ext.CUDA_KERNELS),
-                    reason="needs a CUDA device (runs in scripts/gpu_check.sh)")
+                    reason="needs a CUDA device (runs in scripts/gpu/gpu_check.sh)")
 @pytest.mark.parametrize("way", ["fused", "per_component"])
 @pytest.mark.parametrize("B, V, K, rule_per_component",
                          [(4, 70000, 2, True), (300, 1030, 16, False), (40, 5001, 3, True)])

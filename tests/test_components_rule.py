@@ -1,8 +1,8 @@
 """The CUDA components' choice of way (`components_as_shared_forward` /
 `_backward` in src/cuda/component_table_kernels.cuh) is a cost model fitted
 to measured timings: its coefficients must be what
-scripts/fit_components_rule.py gets from the data beside it
-(scripts/data/components_crossover_h200.txt), so that a refit on another
+scripts/codegen/gen_components_rule.py gets from the data beside it
+(scripts/tuning/data/components_crossover_h200.txt), so that a refit on another
 GPU starts from the same procedure. Runs on CPU; needs the source tree."""
 import importlib.util
 import re
@@ -12,7 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 RULE = ROOT / "src" / "cuda" / "component_table_kernels.cuh"
-FIT = ROOT / "scripts" / "fit_components_rule.py"
+FIT = ROOT / "scripts" / "codegen" / "gen_components_rule.py"
 
 pytestmark = pytest.mark.skipif(not (RULE.exists() and FIT.exists()),
                                 reason="needs the source tree (src/, scripts/)")

@@ -1,5 +1,5 @@
 """CUDA-specific behaviour: streams, graph capture, no host syncs, cuda:1.
-Runs on the GPU machine (scripts/gpu_check.sh); skipped without CUDA."""
+Runs on the GPU machine (scripts/gpu/gpu_check.sh); skipped without CUDA."""
 import pytest
 import torch
 
@@ -12,7 +12,7 @@ from test_values import random_counts
 pytestmark = [
     pytest.mark.cuda,
     pytest.mark.skipif(not (torch.cuda.is_available() and dirmult_ext.CUDA_KERNELS),
-                       reason="needs a CUDA device (runs in scripts/gpu_check.sh)"),
+                       reason="needs a CUDA device (runs in scripts/gpu/gpu_check.sh)"),
 ]
 
 

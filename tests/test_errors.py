@@ -47,7 +47,7 @@ def test_argument_choice():
 # error (seen on the H200 machine with torch 2.11: every such error, even the
 # first, killed the process; torch 2.13 and 2.14 raise RuntimeError). The
 # Python API checks arguments before calling the ops, so only direct
-# torch.ops.dirmult calls with bad arguments meet this; scripts/probe_op_errors.py
+# torch.ops.dirmult calls with bad arguments meet this; scripts/gpu/probe_op_errors.py
 # shows it per case. (torch 2.11 on a CPU-only machine raised fine in every
 # case: docs/DEVELOPING.md, Known issues; the skip stays for the GPU machine.)
 STABLE_ABI_ERRORS_RAISE = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 13)
@@ -73,7 +73,7 @@ def test_direct_op_errors_name_the_problem(device):
 
 
 @pytest.mark.skipif(not (torch.cuda.is_available() and dirmult_ext.CUDA_KERNELS),
-                    reason="needs a CUDA device (runs in scripts/gpu_check.sh)")
+                    reason="needs a CUDA device (runs in scripts/gpu/gpu_check.sh)")
 def test_device_mismatch():
     with pytest.raises(ValueError, match="same device"):
         dirmult_ext.log_lik(torch.ones(2, 3, device="cuda"), torch.zeros(3))

@@ -50,7 +50,7 @@ def test_cuda_kernels_only_with_cuda_torch():
 
 
 def test_installed_wheel_is_what_is_tested():
-    """scripts/cross_version_test.sh sets DIRMULT_EXPECT_INSTALLED_IN to its
+    """scripts/ci/cross_version_test.sh sets DIRMULT_EXPECT_INSTALLED_IN to its
     venv: the package under test must come from there, not from python/."""
     where = os.environ.get("DIRMULT_EXPECT_INSTALLED_IN")
     if not where:

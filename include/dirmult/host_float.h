@@ -8,14 +8,14 @@
 // libm call there). So both are computed in double, with double multiplies
 // and adds only (the same bits in SSE2 and AVX2; the CPU sources are built
 // with -ffp-contract=off so that no context fuses them), and rounded to
-// float once, as glibc's are. Tables: scripts/gen_host_float_table.py.
+// float once, as glibc's are. Tables: scripts/codegen/gen_host_float_table.py.
 //
 // log: x = 2^k m, m in [1, 2), c = 1 + i / 128 the table point at or below
 // m (its top 7 mantissa bits), r = m / c - 1 in [0, 2^-7),
 //   log x = k log 2 + log c + log1p(r),
 // log1p(r) to degree 5 (truncated at r^6 / 6 < 2^-44; at i = 0, where the
 // result is r-sized, relatively at r^5 / 6). Over every float in [1,
-// FLT_MAX] (scripts/check_host_float.cpp), 5 of the 2^30 results differ from
+// FLT_MAX] (scripts/ci/check_host_float.cpp), 5 of the 2^30 results differ from
 // log in double rounded to float, by at most 0.5000 ulp (glibc's logf:
 // 0.82 ulp). As fast as glibc's logf on one value (3.4 ns).
 //

@@ -87,7 +87,7 @@ DM_HOST_DEVICE double dm_log(double x) { return log(x); }
 // finite). On the GPU: CUDA 13's logf arithmetic (read from its SASS)
 // without the special cases it checks first (subnormal scaling, inf/NaN,
 // zero), 17 instructions against 26; the same bits as logf for every such x
-// (checked over all of them on the H200: scripts/check_log_normal.cu).
+// (checked over all of them on the H200: scripts/gpu/check_log_normal.cu).
 // Every log of an exact-path product takes it, so the table entries and
 // the math path stay the same bits. On the host: host_log_normal (the same
 // bits in scalar code and in AVX2 lanes, host_float.h), 0.5 ulp.

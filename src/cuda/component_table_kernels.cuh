@@ -59,10 +59,10 @@ void with_component_block(int64_t K, F&& f) {
 // shared-alpha kernels once per component (launch_components_as_shared,
 // and the backward's loop) instead of the fused component kernels. Each
 // way's GPU time (us) is predicted by a least-squares fit, in relative
-// error, to H200 measurements (scripts/components_crossover.py, eighteenth
+// error, to H200 measurements (scripts/tuning/components_crossover.py, eighteenth
 // session, BENCHMARKS.md: 80 shapes, B 1..65536, V 1024..262144, K 2..16;
-// the data and the fit: scripts/data/components_crossover_h200.txt,
-// scripts/fit_components_rule.py, which gives these coefficients; two are
+// the data and the fit: scripts/tuning/data/components_crossover_h200.txt,
+// scripts/codegen/gen_components_rule.py, which gives these coefficients; two are
 // rounded to two digits here). On those shapes the rules pick the slower
 // way four times, by at most 13%.
 // The fused kernels read the counts once, but their fills cost ~0.3-0.6 ns

@@ -31,7 +31,7 @@ inline Tensor row_view(Tensor t, int64_t k) { return torch::stable::narrow(t, 0,
 
 // Which way float32 log_lik_components and its backward take on CUDA:
 // DIRMULT_CUDA_COMPONENTS=fused or =per_component forces one (so tests reach
-// both ways at any shape, and scripts/components_crossover.py can time the
+// both ways at any shape, and scripts/tuning/components_crossover.py can time the
 // fused way to refit the rule on another GPU without an edited build);
 // unset, empty or auto: the measured rule (components_as_shared_forward /
 // _backward). Read once per process; the Python package checks the value

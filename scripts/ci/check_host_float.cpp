@@ -4,7 +4,7 @@
 // stride of them); mismatches, and the largest error in float ulps of the
 // double reference (subnormal results: in ulps of the smallest normal's
 // exponent range, i.e. absolute 2^-149 units).
-//   g++ -O2 -std=c++17 -ffp-contract=off -Iinclude scripts/check_host_float.cpp -o /tmp/chk && /tmp/chk [stride]
+//   g++ -O2 -std=c++17 -ffp-contract=off -Iinclude scripts/ci/check_host_float.cpp -o /tmp/chk && /tmp/chk [stride]
 #include <algorithm>
 #include <cfloat>
 #include <cmath>

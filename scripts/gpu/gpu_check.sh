@@ -4,11 +4,11 @@
 #   the machine's torch and installs it into a folder of its own (pip
 #   --target, put on PYTHONPATH; torch and the test tools are the machine's),
 #   then, against that installed wheel: the main job on CUDA (and dm_log_normal's bits
-#   against logf, scripts/check_log_normal.cu), the whole test suite with CUDA,
+#   against logf, scripts/gpu/check_log_normal.cu), the whole test suite with CUDA,
 #   compute-sanitizer (memcheck and racecheck) on every kernel, the 2-GPU fit
 #   when two GPUs are present, the benchmark, and Nsight Compute on the hot
 #   kernels. Logs go to $OUT (default ./gpu_out).
-# Stages can be picked: scripts/gpu_check.sh [wheel] [check] [probe] [test] [sanitize] [multigpu] [bench] [profile]
+# Stages can be picked: scripts/gpu/gpu_check.sh [wheel] [check] [probe] [test] [sanitize] [multigpu] [bench] [profile]
 # (every stage but wheel needs a wheel installed by an earlier wheel stage).
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu_out}
@@ -72,23 +72,23 @@ has check && run_stage check check "$PY" -m dirmult_ext check --rows 65536 --cat
 # the same bits for every normal float, or the table and math paths could
 # part.
 has check && run_stage check "dm_log_normal bits" bash -c "nvcc -std=c++17 -arch=sm_90 \
-  -I '$REPO/include' '$REPO/scripts/check_log_normal.cu' -o '$WORK/check_log_normal' \
+  -I '$REPO/include' '$REPO/scripts/gpu/check_log_normal.cu' -o '$WORK/check_log_normal' \
   && '$WORK/check_log_normal'"
 # Not in the default stages: torch 2.11 crashes on any error raised in a
 # stable-ABI kernel (docs/DEVELOPING.md); the probe shows which torch does.
-has probe && run_stage check "op error probe" "$PY" "$REPO/scripts/probe_op_errors.py"
+has probe && run_stage check "op error probe" "$PY" "$REPO/scripts/gpu/probe_op_errors.py"
 has test && run_stage test test "$PY" -m pytest "$REPO/tests" -q -p no:cacheprovider -rfE \
   --rootdir "$REPO"
 if has sanitize; then
   export PYTORCH_NO_CUDA_MEMORY_CACHING=1  # so memcheck sees each allocation's bounds
   run_stage sanitize memcheck compute-sanitizer --tool memcheck --error-exitcode 1 \
-    "$PY" "$REPO/scripts/sanitizer_cases.py"
+    "$PY" "$REPO/scripts/gpu/sanitizer_cases.py"
   run_stage sanitize racecheck compute-sanitizer --tool racecheck --error-exitcode 1 \
-    "$PY" "$REPO/scripts/sanitizer_cases.py"
+    "$PY" "$REPO/scripts/gpu/sanitizer_cases.py"
   unset PYTORCH_NO_CUDA_MEMORY_CACHING
 fi
 if has multigpu && [ "$("$PY" -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; then
-  run_stage test "2-GPU fit" bash "$REPO/scripts/multigpu_fit_check.sh"
+  run_stage test "2-GPU fit" bash "$REPO/scripts/gpu/multigpu_fit_check.sh"
 fi
 if has bench; then
   run_stage bench bench "$PY" -m dirmult_ext.bench --per-sample --components 16 --markdown \
@@ -106,7 +106,7 @@ if has profile && command -v ncu >/dev/null; then
     -k "regex:forward_table|with_grad|components_table|column_backward|column_finish|components_finish|alpha_prep|prep_and_table|finish_rows|row_weights|row_count_totals|per_sample" \
     --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
     --section LaunchStats --section WarpStateStats --section SchedulerStats \
-    "$PY" "$REPO/scripts/profile_kernels.py"
+    "$PY" "$REPO/scripts/gpu/profile_kernels.py"
 fi
 echo "=== summary"
 printf '%s\n' "${summary[@]}" | tee -a "$OUT/summary.txt"

@@ -4,7 +4,7 @@ timed on a grid of (B, V, K), forward and backward, so that the rule
 (`components_as_shared`, src/cuda/component_table_kernels.cuh) rests on
 measurements.
 
-    python scripts/components_crossover.py [--rows 1 4 16 ...] [--cols ...] [--components ...]
+    python scripts/tuning/components_crossover.py [--rows 1 4 16 ...] [--cols ...] [--components ...]
 
 For each shape it times, paired (one replay of each in turn, CUDA graphs:
 the GPU time per call), on the benchmark's counts (integers 0..9) and a
@@ -16,8 +16,8 @@ cache-defeating rotation of them:
           stacking);
 and prints both, their ratio, and whether the op's outputs are log_lik's
 bits per component. With DIRMULT_CUDA_COMPONENTS=fused, 'op' is the fused
-way on every shape: the crossover, and the data scripts/fit_components_rule.py
-fits (scripts/data/components_crossover_h200.txt; on another GPU, a refit);
+way on every shape: the crossover, and the data scripts/codegen/gen_components_rule.py
+fits (scripts/tuning/data/components_crossover_h200.txt; on another GPU, a refit);
 unset, 'op' follows the rule, which checks that it picks the faster way.
 """
 import argparse

@@ -1,5 +1,5 @@
 """The hot kernels once each at the benchmark shapes, for Nsight Compute
-(scripts/gpu_check.sh's profile stage): the shared-alpha forward (the ring
+(scripts/gpu/gpu_check.sh's profile stage): the shared-alpha forward (the ring
 kernel), the single pass and the backward at tall, the single pass at wide, the forward at sparse, the component table
 kernels at K = 16, and the per-sample forward."""
 import torch

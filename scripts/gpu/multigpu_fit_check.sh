@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The 2-GPU fit (issue 5): the same synthetic count matrix fitted by one GPU
 # and by two (torchrun, NCCL, each rank holding half of the rows) must give
-# the same concentrations. Run by scripts/gpu_check.sh on a 2-GPU machine.
+# the same concentrations. Run by scripts/gpu/gpu_check.sh on a 2-GPU machine.
 set -euo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 tmp=$(mktemp -d)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build a manylinux wheel of dirmult_ext and leave it in wheelhouse/.
 #
-#   scripts/build_wheel.sh            # wheel for the python in $PYTHON / the active venv
+#   scripts/release/build_wheel.sh            # wheel for the python in $PYTHON / the active venv
 #
 # The wheel is built without build isolation, against the torch installed in
 # that python (torch 2.14.1 here; the stable ABI makes it load in every torch
@@ -27,7 +27,7 @@
 # environment when missing.
 set -euo pipefail
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 if [[ -n "${PYTHON:-}" ]]; then PY="$PYTHON"
 elif [[ -n "${VIRTUAL_ENV:-}" ]]; then PY="$VIRTUAL_ENV/bin/python"
 else PY="$(command -v python3)"; fi

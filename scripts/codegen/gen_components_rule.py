@@ -4,13 +4,13 @@ src/cuda/component_table_kernels.cuh) from timings of the fused way and of
 K log_lik calls, and lists the shapes where the fitted rules pick the
 slower way.
 
-    python scripts/fit_components_rule.py [FILE ...]
+    python scripts/codegen/gen_components_rule.py [FILE ...]
 
-FILE: output of scripts/components_crossover.py from a build that takes
+FILE: output of scripts/tuning/components_crossover.py from a build that takes
 the fused way on every shape (make both rules return false for that run),
 one shape per line (B V K | fwd op fwd sep ratio | bwd op bwd sep ratio |
 ...); lines not starting with a number are skipped, "nan" marks a time
-that is not the fused way's. Default: scripts/data/components_crossover_h200.txt,
+that is not the fused way's. Default: scripts/tuning/data/components_crossover_h200.txt,
 the H200 data the shipped coefficients come from.
 
 Each way's time is a linear model in a few shape features, fitted by least
@@ -63,7 +63,7 @@ def predict(coef, kind, B, V, K):
     return sum(c * f for c, f in zip(coef, FEATURES[kind](B, V, K)))
 
 
-DEFAULT_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data",
+DEFAULT_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tuning", "data",
                             "components_crossover_h200.txt")
 
 

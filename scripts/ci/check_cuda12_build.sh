@@ -2,7 +2,7 @@
 # Prove that dirmult_ext's CUDA sources compile and link with a CUDA 12.x nvcc
 # (the +cu128 release variant), on a machine whose own toolkit is CUDA 13.
 #
-#   scripts/check_cuda12_build.sh          # sm_90; CUDA12_ARCHS="80;90" for more
+#   scripts/ci/check_cuda12_build.sh          # sm_90; CUDA12_ARCHS="80;90" for more
 #
 # Where nvcc 12 comes from. NVIDIA's pip packages for CUDA 12 cannot compile a
 # .cu file: every nvidia-cuda-nvcc-cu12 wheel on the package index (12.0.76
@@ -48,7 +48,7 @@
 # Takes ~1 GB of downloads (nvidia-cuda-dev is 0.9 GB), ~3 GB unpacked.
 set -euo pipefail
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 WORK="${WORK:-/tmp/dirmult-cuda12}"
 ARCHS="${CUDA12_ARCHS:-90}"
 SUITE="${DEBIAN_SUITE:-trixie}"

@@ -2,7 +2,7 @@
 # Install a built dirmult_ext wheel into a fresh venv with an OLDER, CPU-only
 # torch and run the CPU test suite against the installed package.
 #
-#   scripts/cross_version_test.sh wheelhouse/dirmult_ext-*.whl
+#   scripts/ci/cross_version_test.sh wheelhouse/dirmult_ext-*.whl
 #
 # This is the stable-ABI promise checked end to end: a wheel built against
 # torch 2.14.1 (CUDA 13.0) must import and pass its CPU tests under torch
@@ -28,7 +28,7 @@ if [[ $# -lt 1 ]]; then
   echo "usage: $0 WHEEL [more pytest args]" >&2
   exit 2
 fi
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 WHEEL="$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"
 shift
 [[ -f "$WHEEL" ]] || { echo "no such wheel: $WHEEL" >&2; exit 2; }

@@ -2,8 +2,8 @@
 // bit, over every normal finite float x > 0 (2^31 - 2^24 of them, well
 // under a second on an H200). dm_log_normal is logf's arithmetic without
 // its special cases; a toolkit whose logf differs shows here first.
-// Run by scripts/gpu_check.sh (check stage):
-//   nvcc -std=c++17 -arch=sm_90 -I include scripts/check_log_normal.cu -o /tmp/check_log_normal
+// Run by scripts/gpu/gpu_check.sh (check stage):
+//   nvcc -std=c++17 -arch=sm_90 -I include scripts/gpu/check_log_normal.cu -o /tmp/check_log_normal
 #include <cstdint>
 #include <cstdio>
 
