@@ -44,6 +44,9 @@ namespace dirmult {
 
 // Counts up to this value (integers) take the exact-product path.
 constexpr int kMaxExactCount = 16;
+// Entries per column of a lookup table over the exact counts, n = 0 .. kMaxExactCount
+// (See Note [Tables]).
+constexpr int kTableWidth = kMaxExactCount + 1;
 // Integer counts above kMaxExactCount up to these take the exact products
 // too, with a log (lnpoch_chunked) or a ratio (adpoch_chunked) per
 // kMaxExactCount factors: about n multiplications, against the general

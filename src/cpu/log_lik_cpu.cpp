@@ -34,7 +34,6 @@ namespace dirmult {
 namespace {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-constexpr int kTableWidth = kMaxExactCount + 1;  // lookup tables: n = 0..16
 
 // log n! for n = 0 .. kMaxExactCount, log_factorial's values (its bits),
 // computed once.

@@ -21,7 +21,6 @@
 namespace dirmult {
 namespace cuda {
 
-constexpr int kTableWidth = kMaxExactCount + 1;  // n = 0 .. kMaxExactCount
 constexpr int kTableChunk = 1024;                // columns per block (smem slice)
 constexpr int kTableUnroll = 8;                  // 16-byte loads in flight per lane
 constexpr size_t kTableSmemBytes = kTableChunk * kTableWidth * sizeof(float);
