@@ -172,8 +172,12 @@ def log_lik_components(counts: Tensor, log_alpha: Tensor, *,
 
 class DirichletMultinomialLogLik(nn.Module):
     """Holds ``log_alpha`` (V,) as a parameter; ``forward(counts)`` returns
-    the per-row DM log-likelihood (the drop-in for the reference model in
-    the README). Scriptable with ``torch.jit.script``.
+    the per-row DM log-likelihood ``log_lik(counts, self.log_alpha)``.
+
+    A drop-in for a module that computes the same quantity with lgamma
+    differences (``reference_log_lik``): the same values to float32
+    accuracy, from one fused op. Works with ``torch.compile`` and
+    ``torch.export``, and is scriptable with ``torch.jit.script``.
 
     Args:
         num_categories: V.
@@ -220,10 +224,16 @@ class DirichletMultinomialLogLik(nn.Module):
 
 
 def reference_log_lik(counts: Tensor, log_alpha: Tensor, normalize: bool = False) -> Tensor:
-    """The plain-PyTorch formula (lgamma differences), as users write it.
+    """The plain-PyTorch formula (lgamma differences), as users write it:
+    ``lgamma(A) - lgamma(N + A) + sum_v (lgamma(n_v + alpha_v) - lgamma(alpha_v))``
+    (plus ``lgamma(N + 1) - sum_v lgamma(n_v + 1)`` with ``normalize``).
 
-    Used as the benchmark peer and as a float64 reference in tests; it loses
-    accuracy in float32 for large concentrations (see the README).
+    Used as the benchmark peer and, in float64, as a reference in tests. In
+    float32 it subtracts two large lgammas and loses accuracy for large
+    concentrations or counts: ``lgamma(1e6 + 1) - lgamma(1e6)`` comes out
+    13.0 instead of 13.82 (6% off), and a gradient term
+    ``alpha * (digamma(alpha + n) - digamma(alpha))`` at alpha = 1e7 is
+    100% off. ``log_lik`` never forms that difference.
     """
     alpha = log_alpha.exp()
     if alpha.dim() == 1:
