@@ -104,41 +104,68 @@ def test_mean_variance_match_scipy():
                                rtol=1e-12)
 
 
+def assert_moments(x, mean, cov, k=6.0):
+    """Draws ``x`` (S, ..., V) against the true ``mean`` (..., V) and
+    covariance ``cov`` (..., V, V): the sample mean of each category within
+    ``k`` standard errors sqrt(var / S), and each entry of the sample
+    covariance (centred on the true mean, so unbiased) within ``k`` standard
+    errors of the mean of the centred products, estimated from the draws."""
+    S = x.shape[0]
+    x = x.double()
+    se_mean = (torch.diagonal(cov, dim1=-2, dim2=-1) / S).sqrt()
+    err = (x.mean(0) - mean).abs()
+    assert bool((err <= k * se_mean + 1e-9).all()), (x.mean(0), mean)
+    c = x - mean
+    prod = c.unsqueeze(-1) * c.unsqueeze(-2)
+    se_cov = prod.std(0) / S ** 0.5
+    err = (prod.mean(0) - cov).abs()
+    assert bool((err <= k * se_cov + 1e-9).all()), (prod.mean(0), cov)
+
+
 @pytest.mark.parametrize("method", ["categorical", "binomial"])
 def test_sample_moments(method, monkeypatch):
-    """Mean and variance of S draws. Tolerances: the sample mean within 6
-    standard errors sqrt(var / S) per category; the sample variance within
-    10% relative (its standard error here is about 1-2%)."""
+    """Sample mean and covariance of S draws per category (a batch of two
+    concentrations with their own totals) against mean and
+    covariance_matrix; every draw's total exact."""
     if method == "binomial":
         monkeypatch.setattr(dmod, "_CATEGORICAL_DRAW_LIMIT", 0)
-    S, V, n = 20000, 4, 30
-    alpha = rand_alpha(V) + 0.3
-    d = DirichletMultinomial(n, alpha)
+    S, V = 20000, 4
+    alpha = rand_alpha(2, V) + 0.3
+    totals = torch.stack([torch.randint(5, 20, ()), torch.randint(30, 80, ())]).double()
+    d = DirichletMultinomial(totals, alpha)
     x = d.sample((S,))
-    assert x.shape == (S, V)
-    assert bool((x.sum(-1) == n).all()) and bool((x >= 0).all())
-    se = (d.variance / S).sqrt()
-    assert bool(((x.mean(0) - d.mean).abs() <= 6 * se).all()), (x.mean(0), d.mean)
-    rel = (x.var(0) - d.variance).abs() / d.variance
-    assert bool((rel <= 0.10).all()), (x.var(0), d.variance)
+    assert x.shape == (S, 2, V)
+    assert torch.equal(x.sum(-1), totals.expand(S, 2)) and bool((x >= 0).all())
+    assert_moments(x, d.mean, d.covariance_matrix)
 
 
 @pytest.mark.parametrize("method", ["categorical", "binomial"])
-def test_sample_varying_totals(method):
-    V = 5
-    totals = torch.randint(0, 300, (400,))
-    totals[:3] = 0
-    alpha = rand_alpha(V)
-    p = torch.distributions.Dirichlet(alpha).sample((400,))
-    x = dmod._multinomial_counts(p, totals, method=method)
+def test_sample_varying_totals(method, monkeypatch):
+    """Rows with different totals: the multinomial step alone (shared
+    probabilities p: mean N p, covariance N (diag(p) - p p^T)) and the
+    distribution's sampler, per total, against the moments; totals exact."""
+    V, S = 5, 4000
+    group_totals = torch.stack([torch.tensor(0), torch.tensor(1), torch.randint(2, 20, ()),
+                                torch.randint(100, 300, ())])
+    G = len(group_totals)
+    totals = group_totals.repeat_interleave(S)
+    p = torch.distributions.Dirichlet(rand_alpha(V) + 0.5).sample()
+    x = dmod._multinomial_counts(p.expand(G * S, V), totals, method=method)
     assert x.dtype == torch.int64
-    assert torch.equal(x.sum(-1), totals)
-    assert bool((x >= 0).all())
-    d = DirichletMultinomial(totals, alpha, validate_args=True)
-    s = d.sample((3,))
-    assert s.shape == (3, 400, V)
-    assert torch.equal(s.sum(-1), totals.double().expand(3, 400))
+    assert torch.equal(x.sum(-1), totals) and bool((x >= 0).all())
+    N = group_totals.double()[:, None, None]
+    assert_moments(x.reshape(G, S, V).transpose(0, 1), N[..., 0] * p,
+                   N * (torch.diag(p) - torch.outer(p, p)))
+
+    alpha = rand_alpha(V) + 0.3
+    d = DirichletMultinomial(group_totals, alpha, validate_args=True)
+    if method == "binomial":
+        monkeypatch.setattr(dmod, "_CATEGORICAL_DRAW_LIMIT", 0)
+    s = d.sample((S,))
+    assert s.shape == (S, G, V)
+    assert torch.equal(s.sum(-1), group_totals.double().expand(S, G))
     assert bool(d.support.check(s).all())
+    assert_moments(s, d.mean, d.covariance_matrix)
     # per-row total tensor from a batch of alphas
     d2 = DirichletMultinomial(torch.tensor([[1], [100]]), rand_alpha(2, 3, V))
     assert d2.batch_shape == (2, 3)
