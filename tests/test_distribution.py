@@ -230,3 +230,136 @@ def test_expand():
     el = DirichletMultinomial(None, log_concentration=alpha.log()).expand((5,))
     assert el.batch_shape == (5,)
     torch.testing.assert_close(el.log_prob(x[0, 0]), pyro_log_prob(alpha, x[0, 0]).expand(5))
+
+
+def test_log_prob_batch_from_total_count():
+    """A batch that comes from total_count alone: log_prob's shape is
+    broadcast(value.shape[:-1], batch_shape), as for torch's Binomial."""
+    V = 3
+    alpha = rand_alpha(V)
+    d = DirichletMultinomial(torch.full((3,), 6.0, dtype=torch.float64), alpha,
+                             validate_args=True)
+    assert d.batch_shape == (3,)
+    one = d.sample()[0]
+    torch.testing.assert_close(d.log_prob(one), pyro_log_prob(alpha, one).expand(3),
+                               rtol=1e-11, atol=1e-11)
+    x = d.sample((5,))[:, :1]                                # (5, 1, V)
+    lp = d.log_prob(x)
+    assert lp.shape == (5, 3)
+    torch.testing.assert_close(lp, pyro_log_prob(alpha, x).expand(5, 3), rtol=1e-11, atol=1e-11)
+    binom = torch.distributions.Binomial(torch.full((3,), 6.0), torch.tensor(0.3))
+    assert binom.log_prob(torch.ones(5, 1)).shape == lp.shape
+    # still rejected: a value whose total is not total_count
+    with pytest.raises(ValueError):
+        d.log_prob(torch.tensor([1.0, 2.0, 2.0], dtype=torch.float64))
+    for validate in (True, False):
+        with pytest.raises(ValueError, match="broadcast"):
+            DirichletMultinomial(None, rand_alpha(3, V),
+                                 validate_args=validate).log_prob(torch.ones(2, V))
+
+
+def test_log_prob_broadcasting_matches_scipy():
+    """scipy's broadcasting case: alpha (4, 3), n (3, 1), x (2, 1, 1, 3)
+    give (2, 3, 4). Where x's total is n, scipy's logpmf; elsewhere (no
+    validation) the pmf at x's own total."""
+    alpha = rand_alpha(4, 3)
+    n = torch.randint(3, 9, (3, 1)).double()
+    x = torch.stack([d.sample() for d in (DirichletMultinomial(n[0, 0], alpha[0]),
+                                          DirichletMultinomial(n[1, 0], alpha[1]))])
+    x = x.reshape(2, 1, 1, 3)
+    d = DirichletMultinomial(n, alpha, validate_args=False)
+    assert d.batch_shape == (3, 4)
+    lp = d.log_prob(x)
+    assert lp.shape == (2, 3, 4)
+    dm = scipy.stats.dirichlet_multinomial
+    for i in range(2):
+        xi = x[i].reshape(3).numpy()
+        for j in range(3):
+            for k in range(4):
+                ref = dm.logpmf(xi, alpha[k].numpy(), xi.sum())
+                np.testing.assert_allclose(lp[i, j, k].item(), ref, rtol=1e-10, atol=1e-10)
+                if xi.sum() == n[j, 0].item():
+                    np.testing.assert_allclose(lp[i, j, k].item(),
+                                               dm.logpmf(xi, alpha[k].numpy(), int(n[j, 0])),
+                                               rtol=1e-10, atol=1e-10)
+    # the same through the per-row way: concentration of the full batch shape
+    full = DirichletMultinomial(n.expand(3, 4), alpha.expand(3, 4, 3).clone(),
+                                validate_args=False)
+    torch.testing.assert_close(full.log_prob(x), lp, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("value_shape,alpha_shape,total_shape", [
+    ((7,), (7,), ()), ((5, 7), (7,), ()), ((7,), (3, 7), ()), ((5, 1, 7), (3, 7), ()),
+    ((5, 1, 7), (7,), (3,)), ((2, 1, 1, 7), (4, 7), (3, 1)), ((4, 7), (2, 1, 7), (4,)),
+])
+def test_log_prob_shapes_and_values(value_shape, alpha_shape, total_shape):
+    """Shapes of torch/Pyro's broadcasting cases: sample_shape + batch_shape,
+    against the float64 formula on explicitly broadcast inputs."""
+    V = 7
+    alpha = rand_alpha(*alpha_shape)
+    d = DirichletMultinomial(torch.randint(1, 30, total_shape).double(), alpha, validate_args=False)
+    x = torch.randint(0, 9, value_shape).double()
+    shape = torch.broadcast_shapes(value_shape[:-1], d.batch_shape)
+    lp = d.log_prob(x)
+    assert lp.shape == shape
+    ref = pyro_log_prob(alpha.expand(shape + (V,)), x.expand(shape + (V,)))
+    torch.testing.assert_close(lp, ref, rtol=1e-11, atol=1e-11)
+    # expanded (stride-0) concentrations take the shared way and agree
+    e = d.expand(torch.Size((6,)) + shape)
+    torch.testing.assert_close(e.log_prob(x), ref.expand((6,) + shape), rtol=1e-11, atol=1e-11)
+
+
+def test_log_prob_expanded_gradient():
+    """Gradient through an expanded shared concentration equals the
+    gradient of the summed formula."""
+    V = 5
+    la = torch.randn(V, dtype=torch.float64, requires_grad=True)
+    d = DirichletMultinomial(torch.full((4,), 10.0, dtype=torch.float64),
+                             log_concentration=la).expand((3, 4))
+    x = d.sample((2,))
+    (g,) = torch.autograd.grad(d.log_prob(x).sum(), la)
+    la2 = la.detach().clone().requires_grad_(True)
+    (g_ref,) = torch.autograd.grad(pyro_log_prob(la2.exp().expand_as(x), x).sum(), la2)
+    torch.testing.assert_close(g, g_ref, rtol=1e-10, atol=1e-10)
+
+
+def test_covariance_matches_scipy():
+    """scipy's cov, including its broadcasting case (alpha (4, V), n (3, 1)
+    give (3, 4, V, V)); mean and variance consistent with it."""
+    V = int(torch.randint(2, 8, ()).item())
+    alpha = rand_alpha(4, V)
+    n = torch.randint(0, 60, (3, 1)).double()
+    d = DirichletMultinomial(n, alpha)
+    cov = d.covariance_matrix
+    assert cov.shape == (3, 4, V, V)
+    ref = scipy.stats.dirichlet_multinomial.cov(alpha.numpy(), n.numpy())
+    np.testing.assert_allclose(cov.numpy(), ref, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(torch.diagonal(cov, dim1=-2, dim2=-1), d.variance,
+                               rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(d.mean.numpy(),
+                               scipy.stats.dirichlet_multinomial.mean(alpha.numpy(), n.numpy()),
+                               rtol=1e-12)
+    # the counts' total is fixed: each row of the covariance sums to 0
+    torch.testing.assert_close(cov.sum(-1), torch.zeros(3, 4, V, dtype=torch.float64),
+                               rtol=0, atol=1e-9 * float(n.max() ** 2 + 1))
+    with pytest.raises(ValueError, match="total_count"):
+        DirichletMultinomial(None, alpha).covariance_matrix
+
+
+def test_covariance_monte_carlo():
+    """covariance_matrix against the sample covariance of the distribution's
+    own sampler (fixed S draws, standard errors from the draws)."""
+    V = 4
+    alpha = rand_alpha(3, V) + 0.2
+    d = DirichletMultinomial(torch.randint(1, 50, (3,)), alpha)
+    assert_moments(d.sample((20000,)), d.mean, d.covariance_matrix)
+
+
+def test_not_implemented_messages():
+    d = DirichletMultinomial(5, rand_alpha(3))
+    value = torch.tensor([1.0, 2.0, 2.0], dtype=torch.float64)
+    for call, why in [(lambda: d.rsample(), "discrete"), (lambda: d.entropy(), "closed form"),
+                      (lambda: d.enumerate_support(), "support"),
+                      (lambda: d.cdf(value), "order"), (lambda: d.icdf(value), "order")]:
+        with pytest.raises(NotImplementedError, match=f"DirichletMultinomial.*{why}"):
+            call()
