@@ -363,3 +363,32 @@ def test_not_implemented_messages():
                       (lambda: d.cdf(value), "order"), (lambda: d.icdf(value), "order")]:
         with pytest.raises(NotImplementedError, match=f"DirichletMultinomial.*{why}"):
             call()
+
+
+def test_pyro_is_optional():
+    """``import dirmult_ext`` does not import Pyro; without Pyro,
+    ``dirmult_ext.pyro`` raises an ImportError naming pyro-ppl."""
+    import subprocess
+    import sys
+    code = (
+        "import sys\n"
+        "import dirmult_ext\n"
+        "assert 'pyro' not in sys.modules, 'import dirmult_ext imported pyro'\n"
+        "sys.modules['pyro'] = None\n"
+        "for get in (lambda: dirmult_ext.pyro, lambda: __import__('dirmult_ext.pyro')):\n"
+        "    try:\n"
+        "        get()\n"
+        "    except ImportError as e:\n"
+        "        assert 'pip install pyro-ppl' in str(e), str(e)\n"
+        "    else:\n"
+        "        raise AssertionError('dirmult_ext.pyro imported without pyro')\n"
+        "try:\n"
+        "    dirmult_ext.no_such_name\n"
+        "except AttributeError:\n"
+        "    pass\n"
+        "else:\n"
+        "    raise AssertionError('no AttributeError')\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stderr
