@@ -288,25 +288,61 @@ def test_log_prob_broadcasting_matches_scipy():
     torch.testing.assert_close(full.log_prob(x), lp, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("value_shape,alpha_shape,total_shape", [
     ((7,), (7,), ()), ((5, 7), (7,), ()), ((7,), (3, 7), ()), ((5, 1, 7), (3, 7), ()),
     ((5, 1, 7), (7,), (3,)), ((2, 1, 1, 7), (4, 7), (3, 1)), ((4, 7), (2, 1, 7), (4,)),
 ])
-def test_log_prob_shapes_and_values(value_shape, alpha_shape, total_shape):
+def test_log_prob_shapes_and_values(value_shape, alpha_shape, total_shape, device):
     """Shapes of torch/Pyro's broadcasting cases: sample_shape + batch_shape,
     against the float64 formula on explicitly broadcast inputs."""
     V = 7
-    alpha = rand_alpha(*alpha_shape)
-    d = DirichletMultinomial(torch.randint(1, 30, total_shape).double(), alpha, validate_args=False)
-    x = torch.randint(0, 9, value_shape).double()
+    alpha = rand_alpha(*alpha_shape, device=device)
+    totals = torch.randint(1, 30, total_shape, device=device).double()
+    d = DirichletMultinomial(totals, alpha, validate_args=False)
+    x = torch.randint(0, 9, value_shape, device=device).double()
     shape = torch.broadcast_shapes(value_shape[:-1], d.batch_shape)
     lp = d.log_prob(x)
-    assert lp.shape == shape
+    assert lp.shape == shape and lp.device == x.device
     ref = pyro_log_prob(alpha.expand(shape + (V,)), x.expand(shape + (V,)))
     torch.testing.assert_close(lp, ref, rtol=1e-11, atol=1e-11)
-    # expanded (stride-0) concentrations take the shared way and agree
+    # expanded (stride-0) concentrations agree
     e = d.expand(torch.Size((6,)) + shape)
     torch.testing.assert_close(e.log_prob(x), ref.expand((6,) + shape), rtol=1e-11, atol=1e-11)
+    # float32 concentrations, float32 values
+    d32 = DirichletMultinomial(totals.float(), alpha.float(), validate_args=False)
+    lp32 = d32.log_prob(x.float())
+    assert lp32.dtype == torch.float32 and lp32.shape == shape
+    torch.testing.assert_close(lp32.double(), ref, rtol=1e-5, atol=1e-4)
+
+
+def test_log_prob_shared_concentration_takes_shared_way(monkeypatch):
+    """A concentration shared by the whole batch (a batch from total_count
+    or from expand) reaches log_lik as one (V,) vector, once per distinct
+    value row (See Note [Broadcast concentration])."""
+    calls = []
+
+    def spy(counts, log_alpha, **kw):
+        calls.append((tuple(counts.shape), tuple(log_alpha.shape)))
+        return dirmult_ext.log_lik(counts, log_alpha, **kw)
+
+    monkeypatch.setattr(dmod, "log_lik", spy)
+    V = 4
+    alpha = rand_alpha(V)
+    x = torch.randint(0, 9, (5, 1, V)).double()
+    d = DirichletMultinomial(torch.full((3,), 7.0), alpha, validate_args=False)
+    assert d.log_prob(x).shape == (5, 3)
+    assert d.expand((2, 3)).log_prob(x.unsqueeze(1)).shape == (5, 2, 3)
+    dl = DirichletMultinomial(None, log_concentration=alpha.log()).expand((8,))
+    assert dl.log_prob(x[0, 0]).shape == (8,)
+    da = DirichletMultinomial(None, alpha.expand(8, V))        # expanded by the caller
+    assert da.log_prob(x[0, 0]).shape == (8,)
+    assert calls == [((5, 1, V), (V,)), ((5, 1, 1, V), (V,)), ((V,), (V,)), ((V,), (V,))]
+    # a concentration per batch row: one row per (value, concentration) pair
+    calls.clear()
+    db = DirichletMultinomial(None, rand_alpha(3, V)).expand((2, 3))
+    assert db.log_prob(x.unsqueeze(1)).shape == (5, 2, 3)
+    assert calls == [((5, 1, 3, V), (5, 1, 3, V))]
 
 
 def test_log_prob_expanded_gradient():
