@@ -17,7 +17,7 @@ Sampling: :math:`p \sim \mathrm{Dirichlet}(\alpha)`, then
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -64,10 +64,11 @@ class DirichletMultinomial(Distribution):
     Args:
         total_count: number of trials N; a non-negative integer scalar or a
             tensor broadcastable to the batch shape (per-row totals). May be
-            None when only :meth:`log_prob` is needed (:meth:`sample`,
-            :attr:`mean` and :attr:`variance` then raise).
+            None when only :meth:`log_prob` is needed (:meth:`sample` and
+            the moments then raise).
         concentration: ``(..., V)`` positive concentrations alpha; the
-            leading dimensions are the batch shape.
+            batch shape is its leading dimensions broadcast with
+            ``total_count``'s shape.
         log_concentration: ``(..., V)`` log alpha, instead of
             ``concentration`` (the natural parameter of the ops; pass it to
             keep gradients exact for very small or large alpha).
@@ -75,8 +76,8 @@ class DirichletMultinomial(Distribution):
             value is non-negative integers summing to ``total_count``.
 
     ``log_prob(value)`` takes ``value`` of shape ``(..., V)`` broadcastable
-    against ``batch_shape + (V,)`` and returns the broadcast leading shape,
-    in float64 if ``value`` or the concentration is float64, else float32.
+    against ``batch_shape + (V,)`` and returns ``sample_shape + batch_shape``
+    (the broadcast of ``value.shape[:-1]`` and ``batch_shape``), in float64 if ``value`` or the concentration is float64, else float32.
     It is differentiable with respect to the concentration.
     """
 
@@ -154,7 +155,8 @@ class DirichletMultinomial(Distribution):
         return self.total_count
 
     # -- moments -------------------------------------------------------------
-    def _probs(self) -> Tensor:
+    def _probs(self) -> Tuple[Tensor, Tensor]:
+        # (alpha / A, A), of batch_shape + (V,) and batch_shape + (1,)
         alpha = self.concentration.expand(self.batch_shape + self.event_shape)
         A = alpha.sum(-1, keepdim=True)
         return alpha / A, A
@@ -279,15 +281,9 @@ class DirichletMultinomial(Distribution):
         return counts.reshape(shape).to(self._param.dtype)
 
 
-# Note [Broadcast concentration]
-# A concentration whose leading dimensions are expanded views (stride 0: from
-# expand(), a Pyro plate, or a batch that comes from total_count alone) holds
-# one vector for all those rows. log_prob scores the rows against the vector
-# once per distinct row (the shared (V,) way of the ops when there is one),
-# and the lazy parametrizations compute log/exp of that vector alone, then
-# expand, so the stride-0 dimensions survive into log_prob.
 def _unbroadcast(t: Tensor) -> Tensor:
-    """``t`` with each leading dimension of stride 0 cut to size 1 (a view)."""
+    """``t`` with each leading dimension of stride 0 cut to size 1 (a view).
+    See Note [Broadcast concentration]."""
     if t.dim() < 2:
         return t
     idx = tuple(slice(0, 1) if st == 0 else slice(None) for st in t.stride()[:-1])
