@@ -154,3 +154,19 @@ def test_expand_to_event_mask():
     assert bool((lp[:, 1] == 0).all())
     assert DirichletMultinomial.infer_shapes(total_count=(2, 1), concentration=(3, V)) == \
         ((2, 3), (V,))
+
+
+@pytest.mark.parametrize("value_shape,alpha_shape,total_shape", [
+    ((3,), (3,), (3,)), ((5, 1, 3), (3,), (3,)), ((5, 3), (3,), ()), ((2, 1, 1, 3), (4, 3), (3, 1)),
+    ((4, 1, 1, 3), (2, 1, 3), (6,)),
+])
+def test_log_prob_broadcasting_matches_pyro(value_shape, alpha_shape, total_shape):
+    """log_prob's shape and values against Pyro's DirichletMultinomial,
+    batch dimensions from total_count included."""
+    alpha = rand_alpha(*alpha_shape)
+    total = torch.randint(1, 20, total_shape).double()
+    x = torch.randint(0, 7, value_shape).double()
+    lp = DirichletMultinomial(total, alpha, validate_args=False).log_prob(x)
+    ref = pdist.DirichletMultinomial(alpha, total, validate_args=False).log_prob(x)
+    assert lp.shape == ref.shape
+    torch.testing.assert_close(lp, ref, rtol=1e-11, atol=1e-11)
