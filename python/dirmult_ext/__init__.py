@@ -25,6 +25,15 @@ def build_info() -> dict:
     return info
 
 
+def __getattr__(name):
+    # dirmult_ext.pyro on first use: Pyro is optional, never imported with
+    # the package itself.
+    if name == "pyro":
+        import importlib
+        return importlib.import_module(f"{__name__}.pyro")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = ["__version__", "build_info", "log_lik", "log_lik_components",
            "DirichletMultinomialLogLik", "reference_log_lik", "DirichletMultinomial",
            "fit", "DMFit", "fit_mixture", "DMMixture", "DMClassifier", "datasets", "io"]

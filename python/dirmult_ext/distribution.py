@@ -12,12 +12,12 @@ and a count vector :math:`n` with total :math:`N = \sum_v n_v`:
 Sampling: :math:`p \sim \mathrm{Dirichlet}(\alpha)`, then
 :math:`n \sim \mathrm{Multinomial}(N, p)`. Moments:
 :math:`E[n_v] = N \alpha_v / A`,
-:math:`\mathrm{Var}[n_v] = N \pi_v (1 - \pi_v) (N + A) / (1 + A)` with
-:math:`\pi = \alpha / A`.
+:math:`\mathrm{Cov}[n] = N \frac{N + A}{1 + A} (\mathrm{diag}(\pi) - \pi \pi^T)` with
+:math:`\pi = \alpha / A` (its diagonal is the variance).
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -64,10 +64,11 @@ class DirichletMultinomial(Distribution):
     Args:
         total_count: number of trials N; a non-negative integer scalar or a
             tensor broadcastable to the batch shape (per-row totals). May be
-            None when only :meth:`log_prob` is needed (:meth:`sample`,
-            :attr:`mean` and :attr:`variance` then raise).
+            None when only :meth:`log_prob` is needed (:meth:`sample` and
+            the moments then raise).
         concentration: ``(..., V)`` positive concentrations alpha; the
-            leading dimensions are the batch shape.
+            batch shape is its leading dimensions broadcast with
+            ``total_count``'s shape.
         log_concentration: ``(..., V)`` log alpha, instead of
             ``concentration`` (the natural parameter of the ops; pass it to
             keep gradients exact for very small or large alpha).
@@ -75,8 +76,8 @@ class DirichletMultinomial(Distribution):
             value is non-negative integers summing to ``total_count``.
 
     ``log_prob(value)`` takes ``value`` of shape ``(..., V)`` broadcastable
-    against ``batch_shape + (V,)`` and returns the broadcast leading shape,
-    in float64 if ``value`` or the concentration is float64, else float32.
+    against ``batch_shape + (V,)`` and returns ``sample_shape + batch_shape``
+    (the broadcast of ``value.shape[:-1]`` and ``batch_shape``), in float64 if ``value`` or the concentration is float64, else float32.
     It is differentiable with respect to the concentration.
     """
 
@@ -119,11 +120,14 @@ class DirichletMultinomial(Distribution):
     # -- parameters --------------------------------------------------------
     @lazy_property
     def concentration(self) -> Tensor:
-        return self.log_concentration.exp()
+        # See Note [Broadcast concentration]
+        la = self.log_concentration
+        return _unbroadcast(la).exp().expand(la.shape)
 
     @lazy_property
     def log_concentration(self) -> Tensor:
-        return self.concentration.log()
+        c = self.concentration
+        return _unbroadcast(c).log().expand(c.shape)
 
     @property
     def arg_constraints(self):
@@ -151,35 +155,72 @@ class DirichletMultinomial(Distribution):
         return self.total_count
 
     # -- moments -------------------------------------------------------------
+    def _probs(self) -> Tuple[Tensor, Tensor]:
+        # (alpha / A, A), of batch_shape + (V,) and batch_shape + (1,)
+        alpha = self.concentration.expand(self.batch_shape + self.event_shape)
+        A = alpha.sum(-1, keepdim=True)
+        return alpha / A, A
+
     @property
     def mean(self) -> Tensor:
-        n = self._require_total("mean")
-        alpha = self.concentration.expand(self.batch_shape + self.event_shape)
-        return n.unsqueeze(-1) * alpha / alpha.sum(-1, keepdim=True)
+        n = self._require_total("mean").unsqueeze(-1)
+        p, _ = self._probs()
+        return n * p
 
     @property
     def variance(self) -> Tensor:
         n = self._require_total("variance").unsqueeze(-1)
-        alpha = self.concentration.expand(self.batch_shape + self.event_shape)
-        A = alpha.sum(-1, keepdim=True)
-        p = alpha / A
+        p, A = self._probs()
         return n * p * (1 - p) * (n + A) / (1 + A)
+
+    @property
+    def covariance_matrix(self) -> Tensor:
+        """``batch_shape + (V, V)``: ``N (N + A) / (1 + A) (diag(p) - p p^T)``,
+        ``p = alpha / A``."""
+        n = self._require_total("covariance_matrix")[..., None, None]
+        p, A = self._probs()
+        A = A.unsqueeze(-1)
+        outer = torch.diag_embed(p) - p.unsqueeze(-1) * p.unsqueeze(-2)
+        return n * (n + A) / (1 + A) * outer
+
+    # -- what the distribution does not offer ---------------------------------
+    def rsample(self, sample_shape=torch.Size()) -> Tensor:
+        raise NotImplementedError(
+            "DirichletMultinomial.rsample is not implemented: the counts are discrete, so a "
+            "draw has no reparametrized gradient; use sample() (with a score-function "
+            "estimator for gradients of expectations)")
+
+    def entropy(self) -> Tensor:
+        raise NotImplementedError(
+            "DirichletMultinomial.entropy is not implemented: it has no closed form and the "
+            "exact sum runs over all C(N + V - 1, V - 1) count vectors; estimate it as "
+            "-log_prob(sample((S,))).mean(0)")
+
+    def enumerate_support(self, expand: bool = True) -> Tensor:
+        raise NotImplementedError(
+            "DirichletMultinomial.enumerate_support is not implemented: the support has "
+            "C(N + V - 1, V - 1) count vectors, too many to enumerate but for tiny N and V")
+
+    def cdf(self, value: Tensor) -> Tensor:
+        raise NotImplementedError(
+            "DirichletMultinomial.cdf is not implemented: count vectors have no total order, "
+            "so there is no cumulative distribution function")
+
+    def icdf(self, value: Tensor) -> Tensor:
+        raise NotImplementedError(
+            "DirichletMultinomial.icdf is not implemented: count vectors have no total "
+            "order, so there is no inverse cumulative distribution function")
 
     # -- torch.distributions plumbing ---------------------------------------
     def expand(self, batch_shape, _instance=None):
         new = self._get_checked_instance(DirichletMultinomial, _instance)
         batch_shape = torch.Size(batch_shape)
         pshape = batch_shape + self.event_shape
-        if self._param_name == "concentration":
-            new.concentration = self.concentration.expand(pshape)
-            new._param = new.concentration
-            if "log_concentration" in self.__dict__:
-                new.log_concentration = self.log_concentration.expand(pshape)
-        else:
-            new.log_concentration = self.log_concentration.expand(pshape)
-            new._param = new.log_concentration
-            if "concentration" in self.__dict__:
-                new.concentration = self.concentration.expand(pshape)
+        # Both parametrizations from the unexpanded ones: an expanded view
+        # keeps its stride-0 dimensions (See Note [Broadcast concentration]).
+        new.concentration = self.concentration.expand(pshape)
+        new.log_concentration = self.log_concentration.expand(pshape)
+        new._param = getattr(new, self._param_name)
         new._param_name = self._param_name
         new.total_count = None if self.total_count is None else self.total_count.expand(batch_shape)
         super(DirichletMultinomial, new).__init__(batch_shape, self.event_shape,
@@ -189,8 +230,11 @@ class DirichletMultinomial(Distribution):
 
     # -- log_prob ------------------------------------------------------------
     def log_prob(self, value: Tensor) -> Tensor:
-        """Normalized log pmf; ``value`` ``(..., V)`` broadcasting against
-        ``batch_shape + (V,)``; returns the broadcast leading shape."""
+        """Normalized log pmf of ``value`` ``(..., V)``, broadcasting against
+        ``batch_shape + (V,)``; returns
+        ``broadcast_shapes(value.shape[:-1], batch_shape)``. The pmf does not
+        read ``total_count`` (a value's total is its own sum); with
+        ``validate_args`` a value whose total differs is rejected."""
         if not isinstance(value, Tensor):
             value = torch.as_tensor(value)
         if self._validate_args:
@@ -198,16 +242,20 @@ class DirichletMultinomial(Distribution):
         V = self.event_shape[0]
         if value.dim() < 1 or value.shape[-1] != V:
             raise ValueError(f"value must have shape (..., {V}), got {tuple(value.shape)}")
-        la = self.log_concentration
-        shape = torch.broadcast_shapes(value.shape[:-1], la.shape[:-1])
-        value = value.expand(shape + (V,))
-        if la.dim() == 1:
-            return log_lik(value, la, normalize=True)
-        # per-sample concentrations: expand to the value's shape
-        la = la.expand(shape + (V,))
-        if value.dtype == torch.float64:
-            la = la.to(torch.float64)
-        return log_lik(value, la, normalize=True)
+        try:
+            shape = torch.broadcast_shapes(value.shape[:-1], self.batch_shape)
+        except RuntimeError:
+            raise ValueError(f"value of shape {tuple(value.shape)} does not broadcast with "
+                             f"batch_shape + event_shape "
+                             f"{tuple(self.batch_shape + self.event_shape)}") from None
+        # See Note [Broadcast concentration]
+        la = _unbroadcast(self.log_concentration)
+        if all(s == 1 for s in la.shape[:-1]):
+            out = log_lik(value, la.reshape(V), normalize=True)
+        else:
+            rows = torch.broadcast_shapes(value.shape[:-1], la.shape[:-1]) + (V,)
+            out = log_lik(value.expand(rows), la.expand(rows), normalize=True)
+        return out if out.shape == shape else out.expand(shape)
 
     # -- sampling ------------------------------------------------------------
     def sample(self, sample_shape=torch.Size()) -> Tensor:
@@ -231,6 +279,15 @@ class DirichletMultinomial(Distribution):
             n = total.detach().expand(shape[:-1]).round().to(torch.int64)
             counts = _multinomial_counts(probs.reshape(-1, shape[-1]), n.reshape(-1))
         return counts.reshape(shape).to(self._param.dtype)
+
+
+def _unbroadcast(t: Tensor) -> Tensor:
+    """``t`` with each leading dimension of stride 0 cut to size 1 (a view).
+    See Note [Broadcast concentration]."""
+    if t.dim() < 2:
+        return t
+    idx = tuple(slice(0, 1) if st == 0 else slice(None) for st in t.stride()[:-1])
+    return t[idx]
 
 
 def _multinomial_counts(probs: Tensor, totals: Tensor, method: Optional[str] = None) -> Tensor:
