@@ -8,8 +8,15 @@
 // four counts in one loop to the warp's largest count.
 #pragma once
 
-#include "backward_kernels.cuh"
-#include "per_sample_kernels.cuh"
+#include <cfloat>
+
+#include "elementwise_backward.cuh"
+#include "per_sample_terms.cuh"
+#include "row_chunks.cuh"
+#include "spread_marks.cuh"
+#include "table_lookup.cuh"
+#include "vector_loads.cuh"
+#include "warp_reduce.cuh"
 
 namespace dirmult {
 namespace cuda {
