@@ -65,7 +65,7 @@ __device__ __forceinline__ void load_row_batch(const count_t* __restrict__ base,
 // blockIdx.z == 0; NaN marks a bad count). Warps never wait for each other
 // after the table is staged: no block-wide reduction in the row loop.
 // kTable (float, K == 1): adpoch of small integer counts comes from adp_table
-// (see table_kernels.cuh), staged in shared memory for the block's columns;
+// (See Note [Tables]), staged in shared memory for the block's columns;
 // the hot loop is branch-free as in forward_table_kernel.
 template <typename scalar_t, typename count_t, int KB, bool kTable>
 __global__ void __launch_bounds__(kColThreads, kTable ? 3 : 1)

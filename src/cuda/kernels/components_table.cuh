@@ -1,7 +1,7 @@
 // Lookup-table kernels for K mixture components (log_lik_components and its
 // backward), float32 concentrations.
 //
-// The shared-alpha trick of table_kernels.cuh carries over: with (K, V)
+// The shared-alpha tables carry over (See Note [Tables]): with (K, V)
 // concentrations fixed for the call, the terms of a small integer count n
 // take kTableWidth values per (component, column). A block owns a slice of
 // C columns for KB components and stages that slice of the tables in shared

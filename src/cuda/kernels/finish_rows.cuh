@@ -32,11 +32,8 @@ __device__ __forceinline__ void finish_pair(const RowPartial* __restrict__ parti
   const int64_t b = i / K;
   const int k = static_cast<int>(i % K);
   const RowPartial* p = partial + b * num_chunks * K + k;
-  // A warp: alpha's partial totals in flight with the row's partials (after
-  // them, a second wait for the L2; sixteenth session, GPU time per call of
-  // the fill-ring forward, with its rows spread over the SMs: wide 33.1 ->
-  // 31.6 us, 40x210000 26.1 -> 25.3, 32x1048576 81.8 -> 76.7). A thread
-  // alone: after them (1x32768 was 0.5 us slower with them in flight).
+  // A warp: alpha's partial totals in flight with the row's partials; a
+  // thread alone: after them (each measured faster, BENCHMARKS.md).
   AlphaTotal alpha;
   if (!per_sample && !per_thread) alpha.load(Apart, k, nblk_alpha);
   double s = 0.0, N = 0.0, norm = 0.0, A = 0.0;

@@ -25,9 +25,9 @@ namespace cuda {
 // next row is in flight while it looks up the current one, without holding
 // registers (forward_table_kernel holds its rows in flight in registers, and
 // only while it waits for them). One block of kRingWarps warps per SM: the
-// table slice and the rings fill the shared memory. Tall forward kernel
-// 73.3 -> 67.5 us (12 warps x 3 slots 68.6, 8 x 4 68.4); the same sums in
-// the same order as forward_table_kernel.
+// table slice and the rings fill the shared memory (16 warps x 2 slots:
+// BENCHMARKS.md). The same sums in the same order as forward_table_kernel
+// (See Note [Batch invariance]).
 constexpr int kRingWarps = 16;
 constexpr int kRingSlots = 2;
 constexpr size_t kRingSmemBytes =
@@ -143,7 +143,7 @@ __global__ void __launch_bounds__(kRingWarps * 32, 1)
   writer.flush(o, A);
 }
 
-// The forward for fill_table_in_block (few rows over more chunks than the
+// The forward for TableForward::kFillRing (few rows over more chunks than the
 // GPU holds blocks) with float32 counts in 16-byte aligned rows, in one
 // launch with nothing to wait for: a persistent block of kRingWarps warps
 // per SM takes chunks blockIdx.x, + gridDim.x, ...; for each it fills the
@@ -161,23 +161,10 @@ __global__ void __launch_bounds__(kRingWarps * 32, 1)
 // partials behind a grid barrier, as finish_rows_kernel does. The same sums
 // in the same order as forward_table_kernel, and the same A.
 //
-// Measured without gain (GPU time per call): the next chunk's fill spread
-// between the rows of the current one, into a second slice buffer (which
-// leaves room for one row slot per warp): wide 41.1 vs 39.7 us, 32x262144
-// 32.3 vs 31.6; only many rows gained (512x262144 150.3 vs 159.4). Warps
-// split in two groups (eleventh session), 8 streaming rows through 2 slots
-// each while 8 fill the next chunk's slice into the second buffer (every
-// warp filling the first): slower everywhere, the stream starved of bytes
-// in flight (64 KB per SM instead of 128; the two slices take 136 KB): wide
-// 81.8 vs 66.9 us, 32x1048576 193.1 vs 145.2, 512x262144 440.8 vs 307.0
-// (counts 0..9 with 0.1% of 23s: the rare path's float64 terms in both).
-// Both slices double-buffered with rows in half-chunk ring items (two of 2
-// KB per warp; fifteenth session), each warp filling its columns of the
-// next slice between its rows, staggered: wide 36.5 vs 35.9 us, 32x1048576
-// 86.5 vs 82.7, 512x262144 145.3 vs 150.7. A fill is ~1000 thread
-// instructions per column, about as many as 64 rows' lookups, and the
-// kernel already issues on ~60% of its cycles (ncu): the fill does not
-// hide behind the stream.
+// Splitting or double-buffering the next chunk's fill behind the rows
+// measured no gain (BENCHMARKS.md): a fill is ~1000 thread instructions per
+// column, about as many as 64 rows' lookups, and does not hide behind the
+// stream.
 template <typename count_t>
 __global__ void __launch_bounds__(kRingWarps * 32, 1)
     forward_table_fill_ring_kernel(const count_t* __restrict__ counts,
@@ -207,10 +194,8 @@ __global__ void __launch_bounds__(kRingWarps * 32, 1)
   };
   // A chunk's log_alpha is loaded before the rings carry any of its rows
   // (the first chunk's before the first rows, the next chunk's when this
-  // one's stream starts), so that it is not served behind them (GPU time
-  // per call: wide 39.7 -> 37.1 us, 40x210000 31.6 -> 29.4, 32x1048576
-  // 100.2 -> 86.1; loaded inside the fill, the first fill took ~8 us and
-  // the later ones ~5).
+  // one's stream starts), so that it is not served behind them
+  // (BENCHMARKS.md).
   SliceAlpha<kRingWarps * 32> alpha;
   alpha.load(log_alpha, V, blockIdx.x);
 #pragma unroll
@@ -238,11 +223,7 @@ __global__ void __launch_bounds__(kRingWarps * 32, 1)
   // every block where the chunks spread evenly), which run out of chunks
   // first, each slice's loads all in flight at once (up to 32 per thread):
   // the tail after the last chunks is then the grid barrier and the finish.
-  // By the grid's last 16 blocks with 8 loads in flight, the tail was ~7.5
-  // us of the wide forward's 37 (half of those blocks held two chunks);
-  // now, GPU time per call (sixteenth session, the same bits): wide 36.0 ->
-  // 33.0 us, 8x262144 19.1 -> 16.8, 1x262144 17.6 -> 15.9, 1x32768 12.2 ->
-  // 10.4, 5x100000 12.8 -> 10.9, 32x1048576 83.9 -> 81.9.
+  // (BENCHMARKS.md.)
   const int64_t light0 = o.num_chunks % gridDim.x;
   const int64_t light = gridDim.x - light0;
   const int half = threadIdx.x / kPrepThreads;

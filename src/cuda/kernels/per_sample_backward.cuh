@@ -1,7 +1,7 @@
 // Backward for per-sample float32 alpha without a counts gradient (the DM
 // regression case): grad_la[b, v] = g_b (adpoch(a, n) - a dpoch(A_b, N_b)),
 // elementwise once the row totals are known. row_totals_kernel and
-// elementwise_backward_kernel (backward_kernels.cuh) do the same a count
+// elementwise_backward_kernel (elementwise_backward.cuh) do the same a count
 // per thread with a 64-bit division per element for its row; these take a
 // warp per (row, chunk) and four counts per lane at a time, as
 // forward_per_sample_float_kernel does, with the exact-path products of the

@@ -66,7 +66,7 @@ __device__ __forceinline__ void write_per_sample_rows(const RowSplit& split, int
 
 // Per-sample alpha: log_alpha has counts' shape; A_b is summed on the way.
 // Serves float64; float32 has forward_per_sample_float_kernel
-// (per_sample_kernels.cuh), written to an instruction budget.
+// (per_sample_forward_float.cuh), written to an instruction budget.
 template <typename scalar_t, typename count_t>
 __global__ void __launch_bounds__(kRowWarps * 32)
     forward_rows_per_sample_kernel(const count_t* __restrict__ counts,

@@ -22,7 +22,7 @@
 //    marks are queued in shared memory and spread over its lanes.
 // The rows are not the same bits as the scalar path's (the products are
 // paired, the logs shared); the float64 comparisons in the tests bound them.
-// forward_rows_per_sample_kernel (forward_kernels.cuh) serves float64.
+// forward_rows_per_sample_kernel (per_sample_forward.cuh) serves float64.
 #pragma once
 
 #include <cfloat>

@@ -13,8 +13,7 @@ namespace cuda {
 // to their lanes, which consume(e, value) them in bit order, as a loop over
 // their own marks would: the same values summed in the same order, in
 // ceil(marks / 32) rounds of computing instead of as many as the lane with
-// the most marks (the off-table counts' math path: tall forward with 1% of
-// the counts at 200..999, 312 -> 201 us). Warp-uniform call.
+// the most marks (See Note [Rare counts]). Warp-uniform call.
 template <typename Value, typename Compute, typename Consume>
 __device__ __forceinline__ void spread_marks(unsigned marks, Compute compute, Consume consume) {
   constexpr unsigned kAll = 0xffffffffu;

@@ -14,12 +14,9 @@
 namespace dirmult {
 namespace cuda {
 
-// The table fill's latency is on every table kernel's critical path. A
-// thread per entry (column, n) where the columns are few: tall's 1024
-// columns took 4.2 us a thread per column (16 dependent steps with a log
-// each, on 4 blocks), 2.6 us a thread per entry. A thread per column where
-// they are many: wide's 262144 took 16.7 us that way and 53.6 us a thread
-// per entry (17 times the threads, each redoing the running products).
+// The table fill's latency is on every table kernel's critical path: a
+// thread per entry (column, n) where the columns are few, a thread per
+// column (16 dependent steps) where they are many (BENCHMARKS.md).
 constexpr int64_t kEntryThreadsMaxColumns = 4096;
 
 __host__ __device__ inline bool table_fill_per_entry(int64_t padded_columns) {
@@ -86,10 +83,8 @@ struct TableEntryWriter {
 
 // The float64 refinements a warp's columns left (bit n of redo: entry n of
 // the lane's column, entries from w.dst, log_alpha la), spread over the
-// warp's lanes: in the column loop each n's refinement ran for the whole
-// warp, diverged (queued: wide forward 59.2 -> 57.5 us, forward+backward
-// 270.6 -> 256.4, 40x210000 forward 45.6 -> 43.3; the rows are the same
-// bits). Warp-uniform call; queue holds 32 * kTableWidth entries.
+// warp's lanes, not run for the whole warp, diverged, per n (See Note
+// [Float64 redo]). Warp-uniform call; queue holds 32 * kTableWidth entries.
 template <typename Writer>
 __device__ __forceinline__ void refine_queued(const Writer& w, float la, unsigned redo,
                                               uint16_t* queue) {
@@ -117,7 +112,7 @@ __device__ __forceinline__ void refine_queued(const Writer& w, float la, unsigne
 
 // Entries 0 .. kTableWidth - 1 of one column of log_alpha la through w,
 // unrolled so that n is a constant in each step (a rolled loop made the wide
-// two-table fill 17.7 -> 23.7 us). Returns the entries left for
+// two-table fill slower, BENCHMARKS.md). Returns the entries left for
 // refine_queued (bit n).
 template <typename Writer>
 __device__ __forceinline__ unsigned fill_table_column(const Writer& w, float la) {
