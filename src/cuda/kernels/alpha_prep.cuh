@@ -3,7 +3,12 @@
 // or division per element, and the concentration totals A_k.
 #pragma once
 
-#include "cuda_utils.cuh"
+#include <algorithm>
+#include <cstdint>
+
+#include "ceil_div.cuh"
+#include "dependent_launch.cuh"
+#include "warp_reduce.cuh"
 #include "dirmult/math.h"
 
 namespace dirmult {
@@ -164,36 +169,6 @@ __device__ __forceinline__ double alpha_total(const double* __restrict__ Apart, 
   AlphaTotal t;
   t.load(Apart, k, nblk);
   return t.sum();
-}
-
-// (K, V) log-concentrations prepared in scratch memory.
-template <typename scalar_t>
-struct PreparedAlpha {
-  const ColumnAlpha<scalar_t>* cols;
-  const double* Apart;
-  int nblk;
-};
-
-template <typename scalar_t>
-int64_t prepared_alpha_bytes(int64_t K, int64_t V) {
-  return K * V * static_cast<int64_t>(sizeof(ColumnAlpha<scalar_t>)) +
-         K * prep_blocks(V) * static_cast<int64_t>(sizeof(double));
-}
-
-// Into `dst` (prepared_alpha_bytes, 16-byte aligned), part of the caller's
-// scratch allocation.
-template <typename scalar_t>
-PreparedAlpha<scalar_t> prepare_alpha(const torch::stable::Tensor& log_alpha, int64_t K,
-                                      int64_t V, void* dst, cudaStream_t stream) {
-  const int nblk = prep_blocks(V);
-  auto* cols = static_cast<ColumnAlpha<scalar_t>*>(dst);
-  auto* Apart = reinterpret_cast<double*>(cols + K * V);
-  if (K > 0) {
-    alpha_prep_kernel<scalar_t><<<dim3(nblk, static_cast<unsigned>(K)), kPrepThreads, 0, stream>>>(
-        static_cast<const scalar_t*>(log_alpha.const_data_ptr()), V, cols, Apart);
-    DM_CUDA_CHECK_LAUNCH();
-  }
-  return {cols, Apart, nblk};
 }
 
 }  // namespace cuda

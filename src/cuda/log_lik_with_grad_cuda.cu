@@ -1,27 +1,37 @@
-// CUDA op dirmult::log_lik_with_grad: the rows' log-likelihoods and the
-// gradient of their sum, one read of the counts where the tables apply.
+// dirmult::log_lik_with_grad on CUDA: the rows' log-likelihoods and the
+// gradient of their sum, one read of the counts where the tables apply (See
+// Note [Single pass]).
+//
+//   log_lik_with_grad_cuda -> launch_with_grad: prep_and_table_kernel (or
+//   alpha_prep_kernel where the blocks fill their own tables, policy:
+//   with_grad_fills_in_block) -> with_grad_kernel -> the column finish
+//   (launch_column_backward.cuh), which also writes the rows' values.
+//   Float64 or empty: log_lik_cuda, then log_lik_backward_cuda.
+#include <torch/csrc/stable/accelerator.h>
+#include <torch/csrc/stable/ops.h>
+
 #include <optional>
 
+#include "../common/count_dispatch.h"
+#include "../common/tensor_checks.h"
 #include "../common/with_grad.h"
+#include "kernels/vector_loads.cuh"
+#include "kernels/with_grad.cuh"
+#include "launch.h"
+#include "launch_column_backward.cuh"
 #include "ops_cuda.h"
-#include "with_grad_kernels.cuh"
+#include "policy.h"
+#include "prepare_alpha.cuh"
+#include "scratch.h"
+#include "tensors.h"
 
 namespace dirmult {
 namespace cuda {
 namespace {
 
 // Row groups per block: two (512 threads) measured faster than one at tall
-// and sparse (BENCHMARKS.md, fourth session).
+// and sparse (BENCHMARKS.md).
 constexpr int kWithGradGroups = 2;
-
-// From this many column chunks, a grid of one row tile fills its tables in
-// its blocks (with_grad_kernel<..., kFill>) instead of reading a global one
-// (fifteenth session, GPU time per call, in-block vs global): 1x262144 31.6
-// vs 35.9 us, 31x262144 41.0 vs 48.2, wide 64x262144 54.1 vs 59.9,
-// 40x210000 42.1 vs 48.9, 1x65536 19.0 vs 20.6, 8x65536 19.7 vs 21.2. With
-// fewer chunks the global fill spreads over more SMs: 1x32768 18.1 vs
-// 17.2, 1x4096 18.0 vs 14.9, 8x4096 19.4 vs 15.9.
-constexpr int64_t kWithGradFillMinChunks = 64;
 
 template <typename count_t>
 void launch_with_grad(const Tensor& counts, const Tensor& log_alpha, int64_t B, int64_t V,
@@ -30,9 +40,7 @@ void launch_with_grad(const Tensor& counts, const Tensor& log_alpha, int64_t B, 
   const ColumnTiling tiling = tile_columns(
       B, V, 1, one_wave_blocks<with_grad_kernel<count_t, kWithGradGroups>>(kThreads,
                                                                            kWithGradSmemBytes));
-  // One row tile over many chunks: each block fills its own slices, as each
-  // slice of a global table would be written once and read once.
-  const bool fill = tiling.row_tiles == 1 && tiling.col_chunks >= kWithGradFillMinChunks;
+  const bool fill = with_grad_fills_in_block(tiling.row_tiles, tiling.col_chunks);
   const int64_t parts = tiling.col_chunks * kColWarps;
   const int64_t column_tiles = tiling.row_tiles * kWithGradGroups;  // Cpart rows
   ScratchLayout layout;
@@ -54,7 +62,7 @@ void launch_with_grad(const Tensor& counts, const Tensor& log_alpha, int64_t B, 
   if (fill) {
     pa = prepare_alpha<float>(log_alpha, 1, V, ScratchLayout::at<char>(ws, alpha_at), stream);
     constexpr auto kKernel = with_grad_kernel<count_t, kWithGradGroups, true>;
-    allow_table_smem<kKernel>(kThreads, kWithGradSmemBytes);
+    opt_in_smem<kKernel>(kThreads, kWithGradSmemBytes);
     launch_dependent(kKernel, grid, dim3(kThreads), kWithGradSmemBytes, stream, n, pa.cols,
                      static_cast<const float*>(nullptr), static_cast<const float*>(nullptr),
                      static_cast<const float*>(log_alpha.const_data_ptr()), B, V, tiling, aligned,
@@ -82,9 +90,9 @@ std::tuple<Tensor, Tensor> log_lik_with_grad_cuda(Tensor counts, Tensor log_alph
   torch::stable::accelerator::DeviceGuard guard(counts.get_device_index());
   const int64_t V = counts.size(counts.dim() - 1);
   const int64_t B = num_rows(counts);
-  // Float32 from one row, like the tables it reads (fourteenth session; 32
-  // rows before): few rows' forward+backward read a table of both kinds
-  // once instead of filling one for the forward and both for the backward.
+  // Float32 from one row, like the tables it reads (See Note [Single pass]):
+  // few rows' forward+backward read a table of both kinds once instead of
+  // filling one for the forward and both for the backward.
   if (log_alpha.scalar_type() != ScalarType::Float || V == 0 || B == 0) {
     auto backward = [](Tensor g, Tensor c, Tensor la, bool norm, bool cg) {
       return log_lik_backward_cuda(g, c, la, norm, cg);

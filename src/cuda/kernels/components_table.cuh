@@ -1,7 +1,7 @@
 // Lookup-table kernels for K mixture components (log_lik_components and its
 // backward), float32 concentrations.
 //
-// The shared-alpha trick of table_kernels.cuh carries over: with (K, V)
+// The shared-alpha tables carry over (See Note [Tables]): with (K, V)
 // concentrations fixed for the call, the terms of a small integer count n
 // take kTableWidth values per (component, column). A block owns a slice of
 // C columns for KB components and stages that slice of the tables in shared
@@ -14,12 +14,13 @@
 // whatever the counts are.
 #pragma once
 
-#include <type_traits>
-
 #include "alpha_prep.cuh"
-#include "cuda_utils.cuh"
+#include "row_chunks.cuh"
+#include "table_layout.cuh"
+#include "table_lookup.cuh"
+#include "vector_loads.cuh"
+#include "warp_reduce.cuh"
 #include "dirmult/math.h"
-#include "table_kernels.cuh"
 
 namespace dirmult {
 namespace cuda {
@@ -35,61 +36,6 @@ struct CompSlice {
   static constexpr int kCols = kCompTableFloats / (KB * kTableWidth);
   static_assert(kCols % 128 == 0, "a slice is whole warps of 4-count loads");
 };
-
-// Components per block for K components: one pass over the counts up to 16.
-inline int component_block(int64_t K) { return K <= 4 ? 4 : K <= 8 ? 8 : 16; }
-
-// f(std::integral_constant<int, component_block(K)>{}): one instantiation
-// per block size.
-template <typename F>
-void with_component_block(int64_t K, F&& f) {
-  switch (component_block(K)) {
-    case 4:
-      f(std::integral_constant<int, 4>{});
-      break;
-    case 8:
-      f(std::integral_constant<int, 8>{});
-      break;
-    default:
-      f(std::integral_constant<int, 16>{});
-  }
-}
-
-// Whether K float32 components over B rows of V columns run log_lik's
-// shared-alpha kernels once per component (launch_components_as_shared,
-// and the backward's loop) instead of the fused component kernels. Each
-// way's GPU time (us) is predicted by a least-squares fit, in relative
-// error, to H200 measurements (scripts/tuning/components_crossover.py, eighteenth
-// session, BENCHMARKS.md: 80 shapes, B 1..65536, V 1024..262144, K 2..16;
-// the data and the fit: scripts/tuning/data/components_crossover_h200.txt,
-// scripts/codegen/gen_components_rule.py, which gives these coefficients; two are
-// rounded to two digits here). On those shapes the rules pick the slower
-// way four times, by at most 13%.
-// The fused kernels read the counts once, but their fills cost ~0.3-0.6 ns
-// per (component, column) and their few-row grids are small: K log_lik
-// calls win for long rows and few components (16x262144 K=4: forward 402 ->
-// 80 us, backward 294 -> 133), the fused kernels for short rows and many
-// components (128x4096 K=16: forward 53 vs 158 us, backward 76 vs 288).
-inline bool components_as_shared_forward(int64_t B, int64_t V, int64_t K) {
-  const double b = static_cast<double>(B), v = static_cast<double>(V), k = static_cast<double>(K);
-  const double shared = 9.32 * k + 2.64e-5 * k * v + 9.65e-7 * k * b * v;
-  const double fused = 26.3 + 3.29e-4 * k * v + 2.19e-6 * b * v + 2.0e-7 * k * b * v;
-  return shared < fused;
-}
-
-// The backward's: the fused way is the math path below
-// kComponentBackwardTableMinRows rows (a cost per row, and per element per
-// block of 4 components), else the component tables (whose cost per element
-// grows with V: 5 ps at V = 1024, 14 at 65536).
-inline bool components_as_shared_backward(int64_t B, int64_t V, int64_t K) {
-  const double b = static_cast<double>(B), v = static_cast<double>(V), k = static_cast<double>(K);
-  const double shared = 15.1 * k + 3.89e-5 * k * v + 1.76e-6 * k * b * v;
-  const double blocks = static_cast<double>((K + 3) / 4);
-  const double fused = B < kComponentBackwardTableMinRows
-                           ? 22.9 + 2.93e-5 * k * v + 2.36 * b + 4.05e-5 * blocks * b * v
-                           : 43.6 + 6.0e-4 * k * v + 4.25e-6 * b * v + 1.19e-10 * b * v * v;
-  return shared < fused;
-}
 
 // Stages the (K * V, kTableWidth) global table's slice: columns [v0, v0 +
 // len) of components [kb, kb + KB). Missing components read as 0.

@@ -17,10 +17,14 @@
 //   log-likelihoods) and finishes the gradient, in fixed orders.
 #pragma once
 
-#include "backward_kernels.cuh"
-#include "cuda_utils.cuh"
+#include "column_backward.cuh"
+#include "dependent_launch.cuh"
+#include "rare_counts.cuh"
+#include "table_fill.cuh"
+#include "table_layout.cuh"
+#include "table_lookup.cuh"
+#include "warp_reduce.cuh"
 #include "dirmult/math.h"
-#include "table_kernels.cuh"
 
 namespace dirmult {
 namespace cuda {

@@ -1,22 +1,16 @@
-// dirmult::poch_terms on CUDA, and the CUDA registrations of all ops.
-#include "cuda_utils.cuh"
-#include "dirmult/math.h"
+// dirmult::poch_terms on CUDA: lnpoch and adpoch of each (log_alpha, n) pair.
+#include <torch/csrc/stable/accelerator.h>
+#include <torch/csrc/stable/ops.h>
+
+#include "../common/count_dispatch.h"
+#include "../common/tensor_checks.h"
+#include "kernels/ceil_div.cuh"
+#include "kernels/poch_terms.cuh"
+#include "launch.h"
 #include "ops_cuda.h"
-#include "../common/safe_box.h"
 
 namespace dirmult {
 namespace cuda {
-
-template <typename scalar_t>
-__global__ void poch_terms_kernel(const scalar_t* __restrict__ log_alpha,
-                                  const scalar_t* __restrict__ n, int64_t size,
-                                  scalar_t* __restrict__ lnp, scalar_t* __restrict__ adp) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= size) return;
-  const scalar_t a = dm_exp(log_alpha[i]);
-  lnp[i] = lnpoch(a, log_alpha[i], n[i]);
-  adp[i] = adpoch(a, n[i]);
-}
 
 std::tuple<Tensor, Tensor> poch_terms_cuda(Tensor alpha, Tensor n) {
   STD_TORCH_CHECK(is_compute_dtype(alpha.scalar_type()) && n.scalar_type() == alpha.scalar_type(),
@@ -43,12 +37,3 @@ std::tuple<Tensor, Tensor> poch_terms_cuda(Tensor alpha, Tensor n) {
 
 }  // namespace cuda
 }  // namespace dirmult
-
-STABLE_TORCH_LIBRARY_IMPL(dirmult, CUDA, m) {
-  m.impl("log_lik", DM_BOX(&dirmult::cuda::log_lik_cuda));
-  m.impl("log_lik_backward", DM_BOX(&dirmult::cuda::log_lik_backward_cuda));
-  m.impl("log_lik_components", DM_BOX(&dirmult::cuda::log_lik_components_cuda));
-  m.impl("log_lik_components_backward", DM_BOX(&dirmult::cuda::log_lik_components_backward_cuda));
-  m.impl("log_lik_with_grad", DM_BOX(&dirmult::cuda::log_lik_with_grad_cuda));
-  m.impl("poch_terms", DM_BOX(&dirmult::cuda::poch_terms_cuda));
-}

@@ -1,15 +1,22 @@
 // Backward for per-sample float32 alpha without a counts gradient (the DM
 // regression case): grad_la[b, v] = g_b (adpoch(a, n) - a dpoch(A_b, N_b)),
 // elementwise once the row totals are known. row_totals_kernel and
-// elementwise_backward_kernel (backward_kernels.cuh) do the same a count
+// elementwise_backward_kernel (elementwise_backward.cuh) do the same a count
 // per thread with a 64-bit division per element for its row; these take a
 // warp per (row, chunk) and four counts per lane at a time, as
 // forward_per_sample_float_kernel does, with the exact-path products of the
 // four counts in one loop to the warp's largest count.
 #pragma once
 
-#include "backward_kernels.cuh"
-#include "per_sample_kernels.cuh"
+#include <cfloat>
+
+#include "elementwise_backward.cuh"
+#include "per_sample_terms.cuh"
+#include "row_chunks.cuh"
+#include "spread_marks.cuh"
+#include "table_lookup.cuh"
+#include "vector_loads.cuh"
+#include "warp_reduce.cuh"
 
 namespace dirmult {
 namespace cuda {
