@@ -1,15 +1,22 @@
-"""Smoke tests of ``dirmult-ext bench`` (dirmult_ext.bench) on the CPU, and its graph timing on CUDA."""
+"""Tests of ``dirmult-ext bench`` (the dirmult_ext.bench package): smoke
+runs on the CPU, its modules one by one, the plot, and graph timing on CUDA."""
+import contextlib
+import io
 import json
 import math
+import sys
 
 import pytest
 import torch
 
 import dirmult_ext
 from dirmult_ext import bench
+from dirmult_ext.bench import cases, cli, peers, plot, report
+from dirmult_ext.bench.timing import Timer
 
 SHAPES = ["seed", "mid", "tall", "wide", "sparse"]
 TIME_KEYS = ["ext_fwd", "ext_fwdbwd", "eager_fwd", "eager_fwdbwd"]
+NUMPYRO = peers.numpyro_peer(torch.device("cpu"))[0] is not None
 
 
 def _positive_finite(x):
@@ -32,17 +39,40 @@ def _check_row(row, compiled):
     assert row["err_eager_fwd"] < 1e-3
 
 
-def test_bench_quick_json(tmp_path, capsys):
-    path = tmp_path / "bench.json"
-    rc = bench.main(["--quick", "--device", "cpu", "--json", str(path), "--quiet"])
-    assert rc == 0
-    data = json.loads(path.read_text())
-    assert {"env", "timer", "copy", "shapes", "small", "components", "targets",
-            "runtime_s", "sanity_ok"} <= set(data)
+def _run(args):
+    """(return code, stdout) of the bench's main."""
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        rc = bench.main(args)
+    return rc, buf.getvalue()
+
+
+def _run_json(args):
+    rc, text = _run(args + ["--json", "-"])
+    assert rc == 0, text
+    return json.loads(text[text.index("\n{") + 1:])
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    """One CPU run of every default quick shape, torch.compile included:
+    (the JSON as loaded, its path, the text report)."""
+    path = tmp_path_factory.mktemp("bench") / "bench.json"
+    rc, out = _run(["--quick", "--device", "cpu", "--json", str(path), "--quiet"])
+    assert rc == 0, out
+    return json.loads(path.read_text()), path, out
+
+
+# ----------------------------------------------------------- end to end
+def test_bench_quick_json(quick_run):
+    data, _, out = quick_run
+    assert {"env", "timer", "copy", "shapes", "failed", "small", "components", "targets",
+            "compile_note", "numpyro_note", "runtime_s", "sanity_ok"} <= set(data)
     env = data["env"]
     for key in ("date", "device", "torch", "build_info", "command_line", "seed"):
         assert key in env
     assert env["device"] == "cpu" and env["build_info"]["version"]
+    assert data["timer"]["mode"] == "queued" and data["timer"]["clock"] == "perf_counter"
     assert _positive_finite(data["copy"]["bytes_per_s"])
     assert [r["name"] for r in data["shapes"]] == SHAPES
     for row in data["shapes"]:
@@ -52,39 +82,62 @@ def test_bench_quick_json(tmp_path, capsys):
     # The four small-problem timings are interleaved: the same number of calls each.
     reps = {data["small"][k]["reps"] for k in ("add1", "ext_fwd", "trivial_grad", "ext_fwdbwd")}
     assert len(reps) == 1 and reps.pop() >= 1
-    targets = {t["target"]: t for t in data["targets"]}
+    targets = {t["id"]: t for t in data["targets"]}
     assert len(targets) == 11
     for t in targets.values():
-        if "per-sample" in t["target"]:
+        if t["id"].startswith("per_sample"):
             assert t["met"] is None  # not run without --per-sample
         else:
             assert isinstance(t["met"], bool) and _positive_finite(t["value"])
     assert data["sanity_ok"] is True
-    out = capsys.readouterr().out
     assert "ext fwd+bwd" in out and "targets" in out and "small problem" in out
     # The GPU targets are shown on a CPU run, not judged there.
-    tall = [line for line in out.splitlines() if "forward tall <= 1.25x floor" in line][0]
+    tall = [line for line in out.splitlines()
+            if "forward within 1.25x of the floor at tall" in line][0]
     assert "a cuda target, not judged on cpu (this run's value: " in tall
     assert "met" not in tall
+    cpu_mid = [line for line in out.splitlines()
+               if "forward at least 5x faster than eager at mid" in line][0]
+    assert cpu_mid.rstrip().endswith("x)") and ("met (" in cpu_mid)
 
 
-def test_bench_extras_markdown(capsys):
-    rc = bench.main(["--quick", "--device", "cpu", "--no-compile", "--quiet", "--markdown",
-                     "--shapes", "seed", "tall=256x16", "extra=64x100:0.1",
-                     "--per-sample", "--components", "3", "--components-shape", "64x32",
-                     "--seed", "123", "--json", "-"])
+def test_bench_numpyro_peer_timed_or_skipped_with_a_note(quick_run):
+    data, _, out = quick_run
+    if NUMPYRO:
+        assert data["numpyro_note"] == ""
+        for row in data["shapes"]:
+            for key in ("numpyro_fwd", "numpyro_fwdbwd"):
+                assert _positive_finite(row["times"][key]["median_us"]), (row["name"], key)
+            assert row["err_numpyro_fwd"] < 1e-3
+    else:
+        assert data["numpyro_note"].startswith("NumPyro peer skipped")
+        assert data["numpyro_note"] in out
+        assert all(r["times"]["numpyro_fwd"] is None for r in data["shapes"])
+
+
+def test_numpyro_peer_skipped_when_jax_is_missing(monkeypatch):
+    monkeypatch.setitem(sys.modules, "jax", None)  # `import jax` raises ImportError
+    peer, note = peers.numpyro_peer(torch.device("cpu"))
+    assert peer is None and "not importable" in note
+
+
+def test_bench_extras_markdown():
+    rc, out = _run(["--quick", "--device", "cpu", "--no-compile", "--no-numpyro", "--quiet",
+                    "--markdown", "--shapes", "seed", "tall=256x16", "extra=64x100:0.1",
+                    "--per-sample", "--components", "3", "--components-shape", "64x32",
+                    "--seed", "123", "--json", "-"])
     assert rc == 0
-    out = capsys.readouterr().out
     assert "| name | BxV | floor |" in out
     data = json.loads(out[out.index("\n{") + 1:])
     assert data["env"]["seed"] == 123
+    assert data["numpyro_note"] == "NumPyro peer skipped (--no-numpyro)"
     names = [r["name"] for r in data["shapes"]]
     assert names == ["seed", "tall", "extra", "tall/per-sample"]
     ps = data["shapes"][-1]
     assert (ps["B"], ps["V"]) == (256, 16)
     for row in data["shapes"]:
         _check_row(row, compiled=False)
-        assert row["times"]["compile_fwd"] is None
+        assert row["times"]["compile_fwd"] is None and row["times"]["numpyro_fwd"] is None
     extra = data["shapes"][2]
     assert extra["density"] == 0.1 and 0 < extra["nonzero_fraction"] < 0.5
     comp = data["components"]
@@ -92,8 +145,92 @@ def test_bench_extras_markdown(capsys):
     assert comp["err_fwd"] < 1e-5 and comp["grad_diff_fused_vs_separate"] < 1e-4
     for key in ("fused_fwd", "fused_fwdbwd", "separate_fwd", "separate_fwdbwd"):
         assert _positive_finite(comp["times"][key]["median_us"])
-    per_sample = [t for t in data["targets"] if "per-sample" in t["target"]][0]
+    per_sample = [t for t in data["targets"] if t["id"] == "per_sample_fwd_floor_tall"][0]
     assert isinstance(per_sample["met"], bool)
+
+
+# --------------------------------------------------------------- timing
+@pytest.mark.parametrize("timing", ["queued", "synced"])
+def test_bench_timing_option_reaches_the_timer(timing):
+    out = _run_json(["--quick", "--device", "cpu", "--no-compile", "--no-numpyro", "--quiet",
+                     "--shapes", "seed", "--timing", timing])
+    assert out["timer"]["mode"] == timing and out["timer"]["clock"] == "perf_counter"
+    assert _positive_finite(out["shapes"][0]["times"]["ext_fwd"]["median_us"])
+
+
+def test_bench_graph_timing_on_cpu_is_refused(capsys):
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--quick", "--device", "cpu", "--timing", "graph", "--quiet"])
+    assert e.value.code == 2
+    assert "--timing graph" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        Timer(torch.device("cpu"), warmup=1, min_reps=1, max_reps=1, min_time=0.0,
+              timing="graph")
+    with pytest.raises(ValueError, match="timing must be one of"):
+        Timer(torch.device("cpu"), warmup=1, min_reps=1, max_reps=1, min_time=0.0,
+              timing="async")
+
+
+class _CountingTimer(Timer):
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.syncs = 0
+
+    def sync(self):
+        self.syncs += 1
+        super().sync()
+
+
+@pytest.mark.parametrize("timing", ["queued", "synced"])
+def test_synced_timing_synchronizes_after_every_call(timing):
+    timer = _CountingTimer(torch.device("cpu"), warmup=2, min_reps=30, max_reps=30,
+                           min_time=0.0, timing=timing)
+    calls = []
+    res = timer.paired({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")})
+    assert res["a"]["reps"] == res["b"]["reps"] == 30
+    assert calls[4:10] == ["a", "b"] * 3  # interleaved after the warm-up
+    timed = 2 * 30
+    if timing == "synced":
+        assert timer.syncs >= timed
+    else:
+        assert timer.syncs <= 2  # once after the warm-up, none between calls
+
+
+def test_timer_summary_is_the_median():
+    xs = torch.rand(9).tolist()
+    s = Timer.summary(xs)
+    assert s["median_us"] == sorted(xs)[4] and s["min_us"] == min(xs) and s["reps"] == 9
+    assert Timer.summary([4.0, 1.0, 3.0, 2.0])["median_us"] == 2.5
+
+
+# ---------------------------------------------------------------- cases
+def test_default_shapes():
+    for kind, shapes in cases.DEFAULT_SHAPES.items():
+        assert [s.name for s in shapes] == SHAPES, kind
+        assert [s.density is not None for s in shapes] == [False] * 4 + [True], kind
+    assert [(s.B, s.V) for s in cases.CUDA_SHAPES] == [
+        (512, 256), (8192, 1024), (65536, 1024), (64, 262144), (16384, 16384)]
+    assert cases.CUDA_SHAPES[-1].density == cases.SPARSE_DENSITY == 0.01
+    assert cases.Shape("x", 3, 4, 0.5).bxv == "3x4:0.5" and cases.Shape("x", 3, 4).bxv == "3x4"
+
+
+def test_make_counts_and_log_alpha():
+    g = torch.Generator().manual_seed(torch.seed() % (2**31))
+    dense = cases.make_counts(cases.Shape("d", 300, 40), g, torch.device("cpu"))
+    assert dense.shape == (300, 40) and dense.dtype == torch.float32
+    assert torch.equal(dense, dense.round()) and dense.min() == 0 and dense.max() == 9
+    sparse = cases.make_counts(cases.Shape("s", 400, 500, 0.02), g, torch.device("cpu"))
+    assert sparse.shape == (400, 500) and sparse.dtype == torch.float32
+    nz = sparse[sparse != 0]
+    assert 0.015 < nz.numel() / sparse.numel() < 0.025 and nz.min() >= 1
+    assert torch.equal(nz, nz.round())
+    # Never all zeros, even at a density that would give none.
+    tiny = cases.make_counts(cases.Shape("t", 2, 2, 1e-9), g, torch.device("cpu"))
+    assert tiny.sum() == 1
+    la = cases.make_log_alpha((7, 50), g, torch.device("cpu"))
+    assert la.shape == (7, 50) and la.dtype == torch.float32
+    assert -2.0 <= la.min() and la.max() <= 3.0 and la.std() > 0.5
+    assert cases.l2_bytes(torch.device("cpu")) == 0
 
 
 def test_parse_shapes():
@@ -102,13 +239,15 @@ def test_parse_shapes():
     assert [(s.name, s.B, s.V, s.density) for s in shapes] == [
         ("seed", 512, 256, None), ("mid", 8, 16, None), ("sparse", 10, 20, 0.01),
         ("x", 3, 4, 0.5)]
-    for bad in (["nope"], ["a=3y4"], ["a=3x4:2"]):
+    for bad in (["nope"], ["a=3y4"], ["a=3x4:2"], ["a=0x4"]):
         with pytest.raises(ValueError):
             bench.parse_shapes(bad, bench.CPU_SHAPES)
+    assert cases.parse_bxv("64x32") == (64, 32)
+    with pytest.raises(ValueError, match="BxV"):
+        cases.parse_bxv("64by32")
 
 
 def test_rotation_defeats_a_cache_of_the_given_size():
-    import torch
     counts = torch.randint(0, 10, (64, 32), dtype=torch.float32)
     nbytes = counts.numel() * 4
     nxt = bench.rotation(counts, cache_bytes=5 * nbytes)  # 15 copies: 3x the cache
@@ -121,37 +260,131 @@ def test_rotation_defeats_a_cache_of_the_given_size():
     assert len({many().data_ptr() for _ in range(200)}) == 64  # at most 64 copies
 
 
-@pytest.mark.parametrize("timing", ["queued", "synced", "graph"])
-def test_bench_timing_option(timing):
-    out = json.loads(_run_json(["--quick", "--device", "cpu", "--no-compile", "--quiet",
-                                "--shapes", "seed", "--timing", timing]))
-    assert out["timer"]["mode"] == "cpu"  # the CUDA modes; the CPU times each call
-    assert _positive_finite(out["shapes"][0]["times"]["ext_fwd"]["median_us"])
+def test_floor_bytes():
+    fwd, fb = peers.floor_bytes(counts_bytes=1000, alpha_numel=10, out_numel=7)
+    assert fwd == 1000 + 4 * 10 + 4 * 7 and fb == fwd + 4 * 7 + 4 * 10
 
 
+# --------------------------------------------------------------- report
+def test_report_renders_every_case(quick_run):
+    data, _, _ = quick_run
+    for markdown in (False, True):
+        text = report.report(data, markdown)
+        lines = text.splitlines()
+        for row in data["shapes"]:
+            line = [ln for ln in lines if ln.lstrip("| ").startswith(row["name"] + " ")]
+            assert len(line) == 1, (row["name"], markdown)
+            assert f"{row['B']}x{row['V']}" in line[0]
+        for t in data["targets"]:
+            assert t["target"] in text
+    md = report.report(data, True).splitlines()
+    table = [ln for ln in md if ln.startswith("|")]
+    assert len(table) == 2 + len(data["shapes"])
+    assert len({ln.count("|") for ln in table}) == 1  # every line has every column
+
+
+def test_targets_judged_against_their_limits():
+    def row(name, fwd, fwdbwd, **kw):
+        return {"name": name, "ratio_fwd_floor": fwd, "ratio_fwdbwd_floor": fwdbwd, **kw}
+    rows = {"tall": row("tall", 1.2, 2.6), "mid": row("mid", 2.5, 1.0,
+                                                       speedup_fwd_vs_eager=6.0,
+                                                       speedup_fwdbwd_vs_eager=4.0)}
+    got = {t["id"]: t for t in report.evaluate_targets(rows, None, torch.device("cuda"))}
+    assert got["fwd_floor_tall"]["met"] is True and got["fwdbwd_floor_tall"]["met"] is False
+    assert got["fwd_floor_mid"]["met"] is False and got["fwd_floor_wide"]["met"] is None
+    assert got["fwd_add1_seed"]["missing"] == "shape seed not run"
+    assert got["cpu_fwd_vs_eager_mid"]["applies"] is False
+    cpu = {t["id"]: t for t in report.evaluate_targets(rows, None, torch.device("cpu"))}
+    assert cpu["cpu_fwd_vs_eager_mid"]["met"] is True
+    assert cpu["cpu_fwdbwd_vs_eager_mid"]["met"] is False
+    for t in cpu.values():
+        assert "issue" not in t["target"].lower()
+
+
+# ------------------------------------------------------------------ CLI
+def test_cli_parses_the_gpu_check_flags():
+    p = cli.build_parser()
+    a = p.parse_args(["--per-sample", "--components", "16", "--markdown", "--json", "F"])
+    assert (a.per_sample, a.components, a.markdown, a.json) == (True, 16, True, "F")
+    a = p.parse_args(["--timing", "graph", "--no-compile", "--markdown", "--quiet"])
+    assert (a.timing, a.no_compile, a.quiet, a.json, a.components) == (
+        "graph", True, True, None, None)
+    a = p.parse_args(["--components", "--json", "--components-shape", "8x4"])
+    assert (a.components, a.json, a.components_shape) == (16, "bench.json", (8, 4))
+    for bad in (["--timing", "async"], ["--components-shape", "8by4"]):
+        with pytest.raises(SystemExit), contextlib.redirect_stderr(io.StringIO()):
+            p.parse_args(bad)
+
+
+def test_cli_help_is_clean(capsys):
+    from dirmult_ext.cli import main as dirmult_ext_main
+    with pytest.raises(SystemExit) as e:
+        dirmult_ext_main(["bench", "--help"])
+    assert e.value.code == 0
+    text = capsys.readouterr().out
+    assert "--timing" in text and "--per-sample" in text and "floor" in text
+    for word in ("issue", "DESIGN", "session"):
+        assert word not in text
+
+
+def test_cli_bad_device(capsys):
+    assert bench.main(["--device", "tpu", "--quick"]) == 2
+    assert "--device" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------- plot
+def test_plot_series_from_a_bench_json(quick_run):
+    data, _, _ = quick_run
+    s = plot.series(data)
+    assert set(s) == {"fwd", "fwdbwd"}
+    for key in ("fwd", "fwdbwd"):
+        assert {"dirmult_ext", "eager reference", "floor"} <= set(s[key])
+        assert ("NumPyro (jax.jit)" in s[key]) == NUMPYRO
+        for i, row in enumerate(data["shapes"]):
+            assert s[key]["dirmult_ext"][i] == row["times"][f"ext_{key}"]["median_us"]
+            assert s[key]["floor"][i] == row[f"floor_{key}_us"]
+    up = plot.series(data, speedup=True)["fwd"]
+    assert up["eager reference"] == [1.0] * len(data["shapes"])
+    assert up["dirmult_ext"][0] == pytest.approx(data["shapes"][0]["speedup_fwd_vs_eager"])
+
+
+def test_plot_writes_a_png(quick_run, tmp_path):
+    pytest.importorskip("matplotlib")
+    _, path, _ = quick_run
+    for extra in ([], ["--speedup"]):
+        out = tmp_path / f"bench{len(extra)}.png"
+        assert plot.main([str(path), str(out)] + extra) == 0
+        assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 5000
+
+
+def test_plot_without_matplotlib_says_so(quick_run, tmp_path, monkeypatch, capsys):
+    _, path, _ = quick_run
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    assert plot.main([str(path), str(tmp_path / "x.png")]) == 2
+    assert "needs matplotlib" in capsys.readouterr().err
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_plot_rejects_a_json_that_is_not_a_bench(tmp_path, capsys):
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"rows": []}))
+    with pytest.raises(SystemExit) as e:
+        plot.main([str(other), str(tmp_path / "x.png")])
+    assert e.value.code == 2 and "not a dirmult-ext bench JSON" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------- CUDA
 @pytest.mark.cuda
 @pytest.mark.skipif(not (torch.cuda.is_available() and dirmult_ext.CUDA_KERNELS),
                     reason="needs CUDA and the dirmult CUDA kernels")
 def test_bench_graph_timing_on_cuda():
     # Every case captured and replayed (ext, eager, the small-problem peers):
     # a call that cannot be captured (a host synchronization) would fail it.
-    out = json.loads(_run_json(["--quick", "--device", "cuda", "--no-compile", "--quiet",
-                                "--shapes", "seed", "mid", "--timing", "graph"]))
-    assert out["timer"]["mode"] == "graph" and not out["failed"]
+    out = _run_json(["--quick", "--device", "cuda", "--no-compile", "--no-numpyro", "--quiet",
+                     "--shapes", "seed", "mid", "--timing", "graph"])
+    assert out["timer"]["mode"] == "graph" and out["timer"]["clock"] == "cuda_graph_replay"
+    assert not out["failed"]
     assert out["copy"]["timing"] == "queued"  # the floor: the eager copy kernel's bandwidth
     for row in out["shapes"]:
-        for key in ("ext_fwd", "ext_fwdbwd", "eager_fwd", "eager_fwdbwd"):
+        for key in TIME_KEYS:
             assert _positive_finite(row["times"][key]["median_us"]), (row["name"], key)
-    with pytest.raises(ValueError, match="timing"):
-        bench.Timer(torch.device("cuda"), warmup=1, min_reps=1, max_reps=1, min_time=0.0,
-                    timing="async")
-
-
-def _run_json(args):
-    import contextlib
-    import io
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        assert bench.main(args + ["--json", "-"]) == 0
-    text = buf.getvalue()
-    return text[text.index("\n{") + 1:]

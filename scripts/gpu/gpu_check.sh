@@ -94,7 +94,7 @@ if has bench; then
   run_stage bench bench "$PY" -m dirmult_ext.bench --per-sample --components 16 --markdown \
     --json "$OUT/bench.json"
   # The same shapes with a synchronize after every call (the latency of an
-  # isolated call; the timing of the sessions before the queued default).
+  # isolated call).
   run_stage bench "bench synced" "$PY" -m dirmult_ext.bench --timing synced --no-compile \
     --markdown --quiet
   # And replayed from CUDA graphs: the GPU time per call, no host in the way.
