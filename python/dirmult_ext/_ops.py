@@ -87,7 +87,7 @@ _SINGLE_PASS_MIN_ROWS_CPU = 64
 # "python": on every torch (how CI exercises them on a newer torch);
 # "native": never (only the C++ checks: a bad argument crashes torch < 2.13).
 OP_CHECKS_SETTINGS = ("auto", "python", "native")
-_STABLE_ABI_ERRORS_RAISE = torch.torch_version.TorchVersion(torch.__version__) >= (2, 13)
+STABLE_ABI_ERRORS_RAISE = torch.torch_version.TorchVersion(torch.__version__) >= (2, 13)
 
 
 def _op_checks_setting() -> str:
@@ -96,7 +96,7 @@ def _op_checks_setting() -> str:
         raise ValueError(f"DIRMULT_OP_CHECKS must be one of {', '.join(OP_CHECKS_SETTINGS)} "
                          f"(or unset), got {value!r}")
     if value in ("", "auto"):
-        return "native" if _STABLE_ABI_ERRORS_RAISE else "python"
+        return "native" if STABLE_ABI_ERRORS_RAISE else "python"
     return value
 
 
