@@ -136,16 +136,18 @@ _OP_CHECKS_LIBRARY = _register_op_checks() if OP_CHECKS == "python" else None
 # register_autograd's generic wrapper costs tens of microseconds per forward +
 # backward on the host (its own autograd.Function, argument re-packing, a
 # Python redispatch even when no gradient is needed), which is most of a
-# small problem's time. In plain eager mode the Python API, which has
-# checked the arguments, calls the kernels directly instead: redispatched to
-# the CPU or CUDA kernel below the Autograd key (past the checks above),
-# through a lean autograd.Function with the registered formulas. Plain:
-# no torch.compile or functorch transform, no dispatch mode or tracer in the
-# thread's included keys, no tensor subclass, a CPU or CUDA tensor. Anything
-# else calls the registered op.
+# small problem's time. In plain eager mode (no torch.compile, no functorch
+# transform) the Python API, which has checked the arguments, calls the ops
+# below the Autograd key instead, through a lean autograd.Function with the
+# registered formulas. Where the Python checks sit in front of the kernels,
+# it also passes them: it redispatches to the CPU or CUDA kernel directly,
+# where nothing else would intercept the call (no dispatch mode or tracer in
+# the thread's included keys, no tensor subclass); anything else calls the
+# registered op.
 _BELOW_AUTOGRAD = torch._C._AutoDispatchBelowAutograd
 _FUNCTORCH_ACTIVE = torch._C._are_functorch_transforms_active
 _is_compiling = torch.compiler.is_compiling
+_PAST_CHECKS = OP_CHECKS == "python"
 _TLS_INCLUDED = torch._C._dispatch_tls_local_include_set
 _DEFAULT_INCLUDED = (DispatchKeySet(DispatchKey.BackendSelect)
                      | DispatchKeySet(DispatchKey.ADInplaceOrView)).raw_repr()
@@ -154,11 +156,15 @@ _CUDA_KEYS = DispatchKeySet(DispatchKey.CUDA)
 _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
 
 
+def _eager() -> bool:
+    return not _is_compiling() and not _FUNCTORCH_ACTIVE()
+
+
 def _kernel_keys(counts, log_alpha):
     """The key set of the kernel the dispatcher would reach below Autograd
-    for these (checked) arguments, where nothing else would intercept the
-    call; else None."""
-    if (_is_compiling() or _FUNCTORCH_ACTIVE() or _TLS_INCLUDED().raw_repr() != _DEFAULT_INCLUDED
+    and the checks for these (checked) arguments, where nothing else would
+    intercept the call; else None."""
+    if (_TLS_INCLUDED().raw_repr() != _DEFAULT_INCLUDED
             or type(counts) not in _PLAIN_TYPES or type(log_alpha) not in _PLAIN_TYPES):
         return None
     if counts.is_cuda:
@@ -178,17 +184,22 @@ def _run(op, keys, *args):
 def _backward_keys(ctx):
     """The forward's kernel keys if nothing intercepts the backward either."""
     keys = ctx.kernel_keys
-    return keys if keys is not None and _TLS_INCLUDED().raw_repr() == _DEFAULT_INCLUDED else None
+    if keys is None or _TLS_INCLUDED().raw_repr() != _DEFAULT_INCLUDED:
+        return None
+    return keys
 
 
 def _call(op, function, counts, log_alpha, normalize: bool):
-    keys = _kernel_keys(counts, log_alpha)
-    if keys is None and (_is_compiling() or _FUNCTORCH_ACTIVE()):
+    if not _eager():
         return op(counts, log_alpha, normalize)
+    keys = _kernel_keys(counts, log_alpha) if _PAST_CHECKS else None
     # (Spelled out for two tensors: a generator over them cost ~0.5 us per call.)
     if torch.is_grad_enabled() and (counts.requires_grad or log_alpha.requires_grad):
         return function.apply(counts, log_alpha, normalize, keys)
-    return _run(op, keys, counts, log_alpha, normalize)
+    with _BELOW_AUTOGRAD():
+        if keys is None:
+            return op(counts, log_alpha, normalize)
+        return op._handle.redispatch_boxed(keys, counts, log_alpha, normalize)
 
 
 # --------------------------------------------------------------------- log_lik
