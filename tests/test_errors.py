@@ -1,5 +1,6 @@
 """Bad input gets a clear error naming the argument, or (without
 validation) a NaN for the affected rows; never a crash or a silent number."""
+import json
 import math
 import os
 import re
@@ -144,7 +145,7 @@ def test_direct_op_errors_name_the_problem(device, op_error):
 # function, and a scripted module saved and loaded), each error printed as
 # one JSON line; any crash shows as the process's exit code.
 _CHILD = r"""
-import io, json, sys
+import json, sys
 import torch, dirmult_ext
 from dirmult_ext import _ops
 assert _ops.OP_CHECKS == "python", _ops.OP_CHECKS
@@ -179,7 +180,6 @@ def test_python_op_checks(device, op_error):
     p = subprocess.run([sys.executable, "-c", _CHILD, op, args, str(device)],
                        env=_child_env("python"), capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, (p.returncode, p.stderr[-2000:])
-    import json
     results = [json.loads(line) for line in p.stdout.splitlines()]
     assert [r[0] for r in results] == ["eager", "torchscript"], p.stdout
     for label, kind, text in results:
@@ -188,7 +188,7 @@ def test_python_op_checks(device, op_error):
 
 
 _CHILD_TRACED = r"""
-import sys, torch, dirmult_ext
+import io, sys, torch, dirmult_ext
 from dirmult_ext import _ops
 assert _ops.OP_CHECKS == "python"
 d = torch.device(sys.argv[1])
@@ -208,7 +208,7 @@ def expect(label, f):
         return
     raise AssertionError(label + " did not raise")
 scripted = torch.jit.script(Direct())
-buf = __import__("io").BytesIO()
+buf = io.BytesIO()
 torch.jit.save(scripted, buf)
 buf.seek(0)
 loaded = torch.jit.load(buf, map_location=d)

@@ -4,7 +4,8 @@
 #   the machine's torch and installs it into a folder of its own (pip
 #   --target, put on PYTHONPATH; torch and the test tools are the machine's),
 #   then, against that installed wheel: the main job on CUDA (and dm_log_normal's bits
-#   against logf, scripts/gpu/check_log_normal.cu), the whole test suite with CUDA,
+#   against logf, scripts/gpu/check_log_normal.cu), every op's argument errors
+#   (scripts/gpu/probe_op_errors.py), the whole test suite with CUDA,
 #   compute-sanitizer (memcheck and racecheck) on every kernel, the 2-GPU fit
 #   when two GPUs are present, the benchmark, and Nsight Compute on the hot
 #   kernels. Logs go to $OUT (default ./gpu_out).
