@@ -110,9 +110,9 @@ def _checked_kernel(op, check):
     thread (a guard) would also hide it from the kernels' factory calls."""
     redispatch = op._handle.redispatch_boxed
 
-    def kernel(keyset, *args):
-        check(*args)
-        return redispatch(keyset & _BELOW_BACKEND_SELECT, *args)
+    def kernel(keyset, *args, **kwargs):
+        check(*args, *kwargs.values())  # (the schemas have no keyword-only arguments)
+        return redispatch(keyset & _BELOW_BACKEND_SELECT, *args, **kwargs)
     return kernel
 
 
