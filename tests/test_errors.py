@@ -1,7 +1,9 @@
 """Bad input gets a clear error naming the argument, or (without
 validation) a NaN for the affected rows; never a crash or a silent number."""
+import json
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -9,6 +11,9 @@ import pytest
 import torch
 
 import dirmult_ext
+from dirmult_ext import _checks, _ops
+
+from conftest import DEVICES
 
 from test_values import random_counts
 
@@ -43,33 +48,205 @@ def test_argument_choice():
         dirmult_ext.log_lik([[1.0, 2.0]], torch.zeros(2))
 
 
-# torch 2.10/2.11 crash (SIGSEGV) when a LibTorch stable-ABI kernel raises a C++
-# error (seen on the H200 machine with torch 2.11: every such error, even the
-# first, killed the process; torch 2.13 and 2.14 raise RuntimeError). The
-# Python API checks arguments before calling the ops, so only direct
-# torch.ops.dirmult calls with bad arguments meet this; scripts/gpu/probe_op_errors.py
-# shows it per case. (torch 2.11 on a CPU-only machine raised fine in every
-# case: docs/DEVELOPING.md, Known issues; the skip stays for the GPU machine.)
-STABLE_ABI_ERRORS_RAISE = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 13)
+# Every argument error of every op, called directly (as TorchScript,
+# torch.compile's and export's code and C++ callers do): (op, arguments as
+# code over the device d, what the message says). The C++ checks
+# (src/common/tensor_checks.h) and their Python twins in _checks.py, which
+# run in front of the kernels where a C++ error would crash (torch < 2.13,
+# or DIRMULT_OP_CHECKS=python; see Note [Stable ABI errors]), raise
+# RuntimeError with the same message.
+OP_ERRORS = {
+    "log_lik 0-d counts": ("log_lik", "torch.tensor(3.0, device=d), torch.zeros(1, device=d), False",
+                           "counts must have at least 1 dimension"),
+    "log_lik bool counts": ("log_lik", "torch.ones(3, 5, dtype=torch.bool, device=d), "
+                            "torch.zeros(5, device=d), False", "counts must be float32, float64"),
+    "log_lik complex counts": ("log_lik", "torch.ones(3, 5, dtype=torch.complex64, device=d), "
+                               "torch.zeros(5, device=d), False", "counts must be float32, float64"),
+    "log_lik half log_alpha": ("log_lik", "torch.ones(3, 5, device=d), "
+                               "torch.zeros(5, dtype=torch.float16, device=d), False",
+                               "log_alpha must be float32 or float64"),
+    "log_lik V mismatch": ("log_lik", "torch.ones(3, 5, device=d), torch.zeros(4, device=d), False",
+                           "log_alpha has 4 categories but counts has V=5"),
+    "log_lik per-sample rank": ("log_lik", "torch.ones(3, 5, device=d), torch.zeros(2, 3, 5, device=d), "
+                                "True", r"log_alpha must be \(V,\) or have counts' shape"),
+    "log_lik per-sample shape": ("log_lik", "torch.ones(3, 5, device=d), torch.zeros(2, 5, device=d), "
+                                 "False", "mismatch at dim 0: 2 vs 3"),
+    "log_lik device": ("log_lik", "torch.ones(3, 5, device=d), torch.zeros(5), False",
+                       "counts and log_alpha must be on the same device"),
+    "with_grad per-sample": ("log_lik_with_grad", "torch.ones(40, 8, device=d), "
+                             "torch.zeros(40, 8, device=d), False", "shared by all rows"),
+    "with_grad V mismatch": ("log_lik_with_grad", "torch.ones(40, 8, device=d), "
+                             "torch.zeros(9, device=d), False",
+                             "log_alpha has 9 categories but counts has V=8"),
+    "with_grad dtype": ("log_lik_with_grad", "torch.ones(40, 8, dtype=torch.bool, device=d), "
+                        "torch.zeros(8, device=d), False", "counts must be float32, float64"),
+    "backward grad shape": ("log_lik_backward", "torch.ones(2, device=d), torch.ones(3, 5, device=d), "
+                            "torch.zeros(5, device=d), False, False", "grad must have counts' batch shape"),
+    "backward grad dtype": ("log_lik_backward", "torch.ones(3, dtype=torch.float64, device=d), "
+                            "torch.ones(3, 5, device=d), torch.zeros(5, device=d), False, True",
+                            "grad must have log_alpha's dtype"),
+    "backward V mismatch": ("log_lik_backward", "torch.ones(3, device=d), torch.ones(3, 5, device=d), "
+                            "torch.zeros(6, device=d), True, False",
+                            "log_alpha has 6 categories but counts has V=5"),
+    "backward grad device": ("log_lik_backward", "torch.ones(3), torch.ones(3, 5, device=d), "
+                             "torch.zeros(5, device=d), False, False",
+                             "grad and counts must be on the same device"),
+    "components counts rank": ("log_lik_components", "torch.ones(2, 3, 5, device=d), "
+                               "torch.zeros(4, 5, device=d), False", r"counts must be \(B, V\)"),
+    "components log_alpha rank": ("log_lik_components", "torch.ones(3, 5, device=d), "
+                                  "torch.zeros(5, device=d), False", r"log_alpha must be \(K, V\)"),
+    "components V mismatch": ("log_lik_components", "torch.ones(3, 5, device=d), "
+                              "torch.zeros(2, 4, device=d), True",
+                              "log_alpha has 4 categories but counts has V=5"),
+    "components dtype": ("log_lik_components", "torch.ones(3, 5, device=d), "
+                         "torch.zeros(2, 5, dtype=torch.int64, device=d), False",
+                         "log_alpha must be float32 or float64"),
+    "components device": ("log_lik_components", "torch.ones(3, 5, device=d), torch.zeros(2, 5), False",
+                          "counts and log_alpha must be on the same device"),
+    "components_backward grad shape": ("log_lik_components_backward", "torch.ones(3, 3, device=d), "
+                                       "torch.ones(3, 5, device=d), torch.zeros(2, 5, device=d)",
+                                       r"grad must be \(B, K\)"),
+    "components_backward grad dtype": ("log_lik_components_backward",
+                                       "torch.ones(3, 2, dtype=torch.float64, device=d), "
+                                       "torch.ones(3, 5, device=d), torch.zeros(2, 5, device=d)",
+                                       "grad must have log_alpha's dtype"),
+    "components_backward K/V": ("log_lik_components_backward", "torch.ones(3, 2, device=d), "
+                                "torch.ones(3, 5, device=d), torch.zeros(2, 6, device=d)",
+                                "log_alpha has 6 categories but counts has V=5"),
+    "poch_terms sizes": ("poch_terms", "torch.zeros(3, device=d), torch.zeros(4, device=d)",
+                         "and n of one size"),
+    "poch_terms dtype": ("poch_terms", "torch.zeros(3, device=d), "
+                         "torch.zeros(3, dtype=torch.float64, device=d)",
+                         "poch_terms takes float32/float64 log_alpha and n of one dtype"),
+    "poch_terms device": ("poch_terms", "torch.zeros(3, device=d), torch.zeros(3)",
+                          "must be on the same device"),
+}
+# The device cases need a second device: on CUDA only.
+OP_ERROR_CASES = [(torch.device(d), name) for d in DEVICES for name in OP_ERRORS
+                  if d == "cuda" or not name.endswith("device")]
 
 
-@pytest.mark.skipif(not STABLE_ABI_ERRORS_RAISE,
-                    reason="torch < 2.13 crashes on C++ errors raised in stable-ABI kernels")
-def test_direct_op_errors_name_the_problem(device):
-    with pytest.raises(RuntimeError, match="categories but counts has V=5"):
-        torch.ops.dirmult.log_lik(torch.ones(3, 5, device=device), torch.zeros(4, device=device), False)
-    with pytest.raises(RuntimeError, match="log_alpha must be float32 or float64"):
-        torch.ops.dirmult.log_lik(torch.ones(3, 5, device=device),
-                                  torch.zeros(5, dtype=torch.float16, device=device), False)
-    with pytest.raises(RuntimeError, match="counts must be float32"):
-        torch.ops.dirmult.log_lik(torch.ones(3, 5, dtype=torch.bool, device=device),
-                                  torch.zeros(5, device=device), False)
-    with pytest.raises(RuntimeError, match="shared by all rows"):
-        torch.ops.dirmult.log_lik_with_grad(torch.ones(40, 8, device=device),
-                                            torch.zeros(40, 8, device=device), False)
-    with pytest.raises(RuntimeError, match="categories but counts has V=8"):
-        torch.ops.dirmult.log_lik_with_grad(torch.ones(40, 8, device=device),
-                                            torch.zeros(9, device=device), False)
+@pytest.mark.parametrize("device, op_error", OP_ERROR_CASES, ids=str)
+@pytest.mark.skipif(not _ops.STABLE_ABI_ERRORS_RAISE,
+                    reason="this torch crashes on C++ errors raised in stable-ABI kernels; "
+                           "its Python checks are tested by test_python_op_checks")
+def test_direct_op_errors_name_the_problem(device, op_error):
+    """In this process: the checks active here (C++ alone on torch >= 2.13),
+    and the Python twin of the C++ check, called on its own."""
+    op, args, message = OP_ERRORS[op_error]
+    args = eval(f"({args},)", {"torch": torch, "d": device})
+    with pytest.raises(RuntimeError, match=message):
+        getattr(torch.ops.dirmult, op)(*args)
+    with pytest.raises(RuntimeError, match=message):
+        _checks.OP_CHECKS[op](*args)
+
+
+# The child: the op called in eager mode and from TorchScript (a scripted
+# function, and a scripted module saved and loaded), each error printed as
+# one JSON line; any crash shows as the process's exit code.
+_CHILD = r"""
+import json, sys
+import torch, dirmult_ext
+from dirmult_ext import _ops
+assert _ops.OP_CHECKS == "python", _ops.OP_CHECKS
+op, args_code, device = sys.argv[1:4]
+args = eval(f"({args_code},)", {"torch": torch, "d": torch.device(device)})
+types = ", ".join(f"a{i}: {'bool' if isinstance(a, bool) else 'Tensor'}" for i, a in enumerate(args))
+names = ", ".join(f"a{i}" for i in range(len(args)))
+unit = torch.jit.CompilationUnit(
+    f"def f({types}):\n    return torch.ops.dirmult.{op}({names})\n")
+def run(label, f):
+    try:
+        f()
+        print(json.dumps([label, None, ""]))
+    except Exception as e:
+        print(json.dumps([label, type(e).__name__, str(e)]))
+    sys.stdout.flush()
+run("eager", lambda: getattr(torch.ops.dirmult, op)(*args))
+run("torchscript", lambda: unit.f(*args))
+"""
+
+
+def _child_env(setting):
+    return dict(os.environ, DIRMULT_OP_CHECKS=setting)
+
+
+@pytest.mark.parametrize("device, op_error", OP_ERROR_CASES, ids=str)
+def test_python_op_checks(device, op_error):
+    """DIRMULT_OP_CHECKS=python (on every torch): each case in a process of
+    its own, in eager mode and from TorchScript, raises RuntimeError with the
+    message and the process ends normally."""
+    op, args, message = OP_ERRORS[op_error]
+    p = subprocess.run([sys.executable, "-c", _CHILD, op, args, str(device)],
+                       env=_child_env("python"), capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, (p.returncode, p.stderr[-2000:])
+    results = [json.loads(line) for line in p.stdout.splitlines()]
+    assert [r[0] for r in results] == ["eager", "torchscript"], p.stdout
+    for label, kind, text in results:
+        assert kind == "RuntimeError", (label, kind, text)
+        assert re.search(message, text), (label, text)
+
+
+_CHILD_TRACED = r"""
+import io, sys, torch, dirmult_ext
+from dirmult_ext import _ops
+assert _ops.OP_CHECKS == "python"
+d = torch.device(sys.argv[1])
+counts, bad = torch.ones(3, 6, device=d), torch.zeros(5, device=d)
+class Direct(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.log_alpha = torch.nn.Parameter(bad.clone())
+    def forward(self, c):
+        return torch.ops.dirmult.log_lik(c, self.log_alpha, False)
+def expect(label, f):
+    try:
+        f()
+    except RuntimeError as e:
+        assert "log_alpha has 5 categories but counts has V=6" in str(e), (label, str(e)[:500])
+        print(label, "raised")
+        return
+    raise AssertionError(label + " did not raise")
+scripted = torch.jit.script(Direct())
+buf = io.BytesIO()
+torch.jit.save(scripted, buf)
+buf.seek(0)
+loaded = torch.jit.load(buf, map_location=d)
+expect("torchscript module", lambda: scripted(counts))
+expect("saved and loaded", lambda: loaded(counts))
+with torch.inference_mode():
+    expect("inference mode", lambda: loaded(counts))
+compiled = torch.compile(lambda c, la: torch.ops.dirmult.log_lik(c, la, False) * 2, fullgraph=True)
+expect("torch.compile", lambda: compiled(counts, bad))
+program = torch.export.export(Direct(), (counts,))
+expect("export", lambda: program.module()(counts))
+meta = torch.ops.dirmult.log_lik(counts.to("meta"), torch.zeros(6, device="meta"), False)
+assert meta.shape == (3,) and meta.device.type == "meta"
+print("meta ok")
+"""
+
+
+def test_python_op_checks_reached_from_traced_code(device, tmp_path):
+    """The checks sit below TorchScript (scripted, saved and loaded, under
+    inference mode), torch.compile's generated code and an exported program;
+    tracing itself (fake tensors) and meta tensors reach the fake kernels."""
+    script = tmp_path / "traced.py"  # (torch.jit.script reads the module's source)
+    script.write_text(_CHILD_TRACED)
+    p = subprocess.run([sys.executable, str(script), str(device)],
+                       env=_child_env("python"), capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, (p.returncode, p.stdout[-2000:], p.stderr[-3000:])
+    for label in ("torchscript module", "saved and loaded", "inference mode", "torch.compile",
+                  "export"):
+        assert f"{label} raised" in p.stdout, p.stdout
+    assert "meta ok" in p.stdout
+
+
+@pytest.mark.parametrize("value", ["Python", "on"])
+def test_op_checks_setting_is_checked_on_import(value):
+    p = subprocess.run([sys.executable, "-c", "import dirmult_ext"], env=_child_env(value),
+                       capture_output=True, text=True)
+    assert p.returncode != 0
+    assert "ValueError: DIRMULT_OP_CHECKS must be one of auto, python, native" in p.stderr, p.stderr
 
 
 @pytest.mark.skipif(not (torch.cuda.is_available() and dirmult_ext.CUDA_KERNELS),
@@ -77,9 +254,6 @@ def test_direct_op_errors_name_the_problem(device):
 def test_device_mismatch():
     with pytest.raises(ValueError, match="same device"):
         dirmult_ext.log_lik(torch.ones(2, 3, device="cuda"), torch.zeros(3))
-    if STABLE_ABI_ERRORS_RAISE:
-        with pytest.raises(RuntimeError, match="same device"):
-            torch.ops.dirmult.log_lik(torch.ones(2, 3, device="cuda"), torch.zeros(3), False)
 
 
 @pytest.mark.parametrize("bad", [-1.0, math.nan, math.inf])

@@ -1,5 +1,7 @@
-"""Loads the native libraries and gives the dirmult ops their fake (meta)
-kernels and autograd formulas.
+"""Loads the native libraries and gives each dirmult op, side by side, its
+fake (meta) kernel, its autograd formula and the eager fast path's call of
+it; and, where a C++ error would not reach Python, its argument checks in
+front of the kernels (see Note [Stable ABI errors]).
 
 The op schemas and the CPU kernels live in ``_C`` (loaded on import); the
 CUDA kernels live in ``_C_cuda.so``, loaded only when this torch has CUDA.
@@ -10,8 +12,9 @@ import os
 from pathlib import Path
 
 import torch
+from torch._C import DispatchKey, DispatchKeySet
 
-from . import _C
+from . import _C, _checks
 
 _HERE = Path(__file__).resolve().parent
 BUILD_INFO: dict = dict(_C.build_info())
@@ -46,8 +49,8 @@ def _load_cuda_kernels() -> bool:
 
 # The ways float32 log_lik_components may be forced to take on CUDA
 # (src/cuda/ops_cuda.h reads the variable once per process and raises on
-# other values too; checked here as well because some torch builds crash on
-# a C++ error instead of raising it).
+# other values too; checked here on import as well, where the error surely
+# reaches Python: see Note [Stable ABI errors]).
 COMPONENTS_WAYS = ("auto", "fused", "per_component")
 
 
@@ -64,7 +67,142 @@ CUDA_KERNELS = _load_cuda_kernels()
 ops = torch.ops.dirmult
 
 
-# ---------------------------------------------------------------- fake kernels
+# ------------------------------------------------- host policy (Note [Single pass])
+# The single pass (dirmult::log_lik_with_grad) reads the counts once for the
+# forward and the gradient of the rows' sum. Its kernels serve shared
+# log_alpha over at least this many rows: on CUDA float32 from one row
+# (src/cuda/log_lik_with_grad.cu; the tables serve any number of rows), on
+# CPU from 64 (kRowsForRowsOnly in src/cpu/log_lik_cpu.cpp: fewer, long rows
+# are split into column chunks by the forward and the backward). Elsewhere
+# the op is a forward plus a backward and would only move the backward's
+# work into the forward. See Note [Single pass].
+_SINGLE_PASS_MIN_ROWS_CUDA = 1
+_SINGLE_PASS_MIN_ROWS_CPU = 64
+
+
+# --------------------------------------------------- argument checks in Python
+# See Note [Stable ABI errors]. DIRMULT_OP_CHECKS, read once on import:
+# "auto" (or unset): the checks of _checks.py run in front of every op's
+# kernels on torch < 2.13, whose stable ABI turns a C++ error into a crash;
+# "python": on every torch (how CI exercises them on a newer torch);
+# "native": never (only the C++ checks: a bad argument crashes torch < 2.13).
+OP_CHECKS_SETTINGS = ("auto", "python", "native")
+STABLE_ABI_ERRORS_RAISE = torch.torch_version.TorchVersion(torch.__version__) >= (2, 13)
+
+
+def _op_checks_setting() -> str:
+    value = os.environ.get("DIRMULT_OP_CHECKS", "")
+    if value and value not in OP_CHECKS_SETTINGS:
+        raise ValueError(f"DIRMULT_OP_CHECKS must be one of {', '.join(OP_CHECKS_SETTINGS)} "
+                         f"(or unset), got {value!r}")
+    if value in ("", "auto"):
+        return "native" if STABLE_ABI_ERRORS_RAISE else "python"
+    return value
+
+
+OP_CHECKS = _op_checks_setting()
+_BELOW_BACKEND_SELECT = torch._C._dispatch_keyset_full_after(DispatchKey.BackendSelect)
+
+
+def _checked_kernel(op, check):
+    """A BackendSelect kernel: check, then the kernels below. Redispatched
+    with the call's own key set: excluding BackendSelect for the rest of the
+    thread (a guard) would also hide it from the kernels' factory calls."""
+    redispatch = op._handle.redispatch_boxed
+
+    def kernel(keyset, *args, **kwargs):
+        check(*args, *kwargs.values())  # (the schemas have no keyword-only arguments)
+        return redispatch(keyset & _BELOW_BACKEND_SELECT, *args, **kwargs)
+    return kernel
+
+
+def _register_op_checks():
+    # BackendSelect is in every call's key set and sits just above the CPU,
+    # CUDA and Meta kernels: TorchScript, torch.compile's and export's code
+    # and C++ callers pass it; fake tensors are served above it (their
+    # Python key), so tracing never runs the checks; the eager fast path
+    # calls the kernels directly, past it.
+    lib = torch.library.Library("dirmult", "IMPL")
+    for name, check in _checks.OP_CHECKS.items():
+        lib.impl(name, _checked_kernel(getattr(ops, name).default, check), "BackendSelect",
+                 with_keyset=True)
+    return lib
+
+
+_OP_CHECKS_LIBRARY = _register_op_checks() if OP_CHECKS == "python" else None
+
+
+# ------------------------------------------------------ the eager fast path's reach
+# register_autograd's generic wrapper costs tens of microseconds per forward +
+# backward on the host (its own autograd.Function, argument re-packing, a
+# Python redispatch even when no gradient is needed), which is most of a
+# small problem's time. In plain eager mode (no torch.compile, no functorch
+# transform) the Python API, which has checked the arguments, calls the ops
+# below the Autograd key instead, through a lean autograd.Function with the
+# registered formulas. Where the Python checks sit in front of the kernels,
+# it also passes them: it redispatches to the CPU or CUDA kernel directly,
+# where nothing else would intercept the call (no dispatch mode or tracer in
+# the thread's included keys, no tensor subclass); anything else calls the
+# registered op.
+_BELOW_AUTOGRAD = torch._C._AutoDispatchBelowAutograd
+_FUNCTORCH_ACTIVE = torch._C._are_functorch_transforms_active
+_is_compiling = torch.compiler.is_compiling
+_PAST_CHECKS = OP_CHECKS == "python"
+_TLS_INCLUDED = torch._C._dispatch_tls_local_include_set
+_DEFAULT_INCLUDED = (DispatchKeySet(DispatchKey.BackendSelect)
+                     | DispatchKeySet(DispatchKey.ADInplaceOrView)).raw_repr()
+_CPU_KEYS = DispatchKeySet(DispatchKey.CPU)
+_CUDA_KEYS = DispatchKeySet(DispatchKey.CUDA)
+_PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
+
+
+def _eager() -> bool:
+    return not _is_compiling() and not _FUNCTORCH_ACTIVE()
+
+
+def _kernel_keys(counts, log_alpha):
+    """The key set of the kernel the dispatcher would reach below Autograd
+    and the checks for these (checked) arguments, where nothing else would
+    intercept the call; else None."""
+    if (_TLS_INCLUDED().raw_repr() != _DEFAULT_INCLUDED
+            or type(counts) not in _PLAIN_TYPES or type(log_alpha) not in _PLAIN_TYPES):
+        return None
+    if counts.is_cuda:
+        return _CUDA_KEYS
+    return _CPU_KEYS if counts.is_cpu else None
+
+
+def _run(op, keys, *args):
+    """op(*args) below the Autograd key: the kernel of keys directly, or the
+    registered op where keys is None."""
+    with _BELOW_AUTOGRAD():
+        if keys is None:
+            return op(*args)
+        return op._handle.redispatch_boxed(keys, *args)
+
+
+def _backward_keys(ctx):
+    """The forward's kernel keys if nothing intercepts the backward either."""
+    keys = ctx.kernel_keys
+    if keys is None or _TLS_INCLUDED().raw_repr() != _DEFAULT_INCLUDED:
+        return None
+    return keys
+
+
+def _call(op, function, counts, log_alpha, normalize: bool):
+    if not _eager():
+        return op(counts, log_alpha, normalize)
+    keys = _kernel_keys(counts, log_alpha) if _PAST_CHECKS else None
+    # (Spelled out for two tensors: a generator over them cost ~0.5 us per call.)
+    if torch.is_grad_enabled() and (counts.requires_grad or log_alpha.requires_grad):
+        return function.apply(counts, log_alpha, normalize, keys)
+    with _BELOW_AUTOGRAD():
+        if keys is None:
+            return op(counts, log_alpha, normalize)
+        return op._handle.redispatch_boxed(keys, counts, log_alpha, normalize)
+
+
+# --------------------------------------------------------------------- log_lik
 @torch.library.register_fake("dirmult::log_lik")
 def _log_lik_fake(counts, log_alpha, normalize=False):
     return counts.new_empty(counts.shape[:-1], dtype=log_alpha.dtype)
@@ -77,39 +215,25 @@ def _log_lik_backward_fake(grad, counts, log_alpha, normalize, counts_grad):
             counts.new_empty(grad_counts_shape, dtype=log_alpha.dtype))
 
 
-@torch.library.register_fake("dirmult::log_lik_components")
-def _components_fake(counts, log_alpha, normalize=False):
-    return counts.new_empty((counts.shape[0], log_alpha.shape[0]), dtype=log_alpha.dtype)
-
-
-@torch.library.register_fake("dirmult::log_lik_components_backward")
-def _components_backward_fake(grad, counts, log_alpha):
-    return torch.empty_like(log_alpha)
-
-
 @torch.library.register_fake("dirmult::log_lik_with_grad")
 def _log_lik_with_grad_fake(counts, log_alpha, normalize=False):
     return (counts.new_empty(counts.shape[:-1], dtype=log_alpha.dtype),
             torch.empty_like(log_alpha))
 
 
-@torch.library.register_fake("dirmult::poch_terms")
-def _poch_terms_fake(log_alpha, n):
-    return torch.empty_like(log_alpha), torch.empty_like(log_alpha)
-
-
-# -------------------------------------------------------------------- autograd
 def _log_lik_setup(ctx, inputs, output):
     counts, log_alpha, normalize = inputs
     ctx.save_for_backward(counts, log_alpha)
     ctx.normalize = normalize
+    ctx.kernel_keys = None
 
 
 def _log_lik_backward(ctx, grad):
+    """The formula, for the registered op and the fast path alike."""
     counts, log_alpha = ctx.saved_tensors
     need_counts = bool(ctx.needs_input_grad[0])
-    grad_la, grad_counts = ops.log_lik_backward.default(
-        grad.contiguous(), counts, log_alpha, ctx.normalize, need_counts)
+    grad_la, grad_counts = _run(ops.log_lik_backward.default, _backward_keys(ctx),
+                                grad.contiguous(), counts, log_alpha, ctx.normalize, need_counts)
     return (grad_counts.to(counts.dtype) if need_counts else None,
             grad_la if ctx.needs_input_grad[1] else None,
             None)
@@ -117,73 +241,6 @@ def _log_lik_backward(ctx, grad):
 
 torch.library.register_autograd("dirmult::log_lik", _log_lik_backward,
                                 setup_context=_log_lik_setup)
-
-
-def _components_setup(ctx, inputs, output):
-    counts, log_alpha, normalize = inputs
-    ctx.save_for_backward(counts, log_alpha)
-
-
-def _components_backward(ctx, grad):
-    counts, log_alpha = ctx.saved_tensors
-    if ctx.needs_input_grad[0]:
-        raise NotImplementedError(
-            "dirmult: log_lik_components has no gradient with respect to counts")
-    grad_la = ops.log_lik_components_backward.default(grad.contiguous(), counts, log_alpha)
-    return None, grad_la, None
-
-
-torch.library.register_autograd("dirmult::log_lik_components", _components_backward,
-                                setup_context=_components_setup)
-
-
-# ------------------------------------------------- the eager fast path (Python API)
-# register_autograd's generic wrapper costs tens of microseconds per forward +
-# backward on the host (its own autograd.Function, argument re-packing, a
-# Python redispatch even when no gradient is needed), which is most of a
-# small problem's time. In plain eager mode the Python API calls the ops
-# through this lean path instead: the same setup and backward functions, the
-# kernel reached directly below the Autograd key. Under torch.compile/export
-# and functorch transforms it calls the registered op, whose formulas are the
-# same.
-_BELOW_AUTOGRAD = getattr(torch._C, "_AutoDispatchBelowAutograd", None)
-_FUNCTORCH_ACTIVE = getattr(torch._C, "_are_functorch_transforms_active", None)
-
-
-_HAS_EAGER_PATH = _BELOW_AUTOGRAD is not None and _FUNCTORCH_ACTIVE is not None
-_is_compiling = torch.compiler.is_compiling
-
-
-def _eager() -> bool:
-    return _HAS_EAGER_PATH and not _is_compiling() and not _FUNCTORCH_ACTIVE()
-
-
-class _Components(torch.autograd.Function):
-    """log_lik_components with the registered formulas: the op is called
-    below the Autograd key, then the setup as torch would."""
-
-    @staticmethod
-    def forward(ctx, counts, log_alpha, normalize):
-        with _BELOW_AUTOGRAD():
-            out = ops.log_lik_components.default(counts, log_alpha, normalize)
-        _components_setup(ctx, (counts, log_alpha, normalize), out)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _components_backward(ctx, grad)
-
-
-# The single pass (dirmult::log_lik_with_grad) reads the counts once for the
-# forward and the gradient of the rows' sum. Its kernels serve shared
-# log_alpha over at least this many rows: on CUDA float32 from one row
-# (src/cuda/log_lik_with_grad.cu; the tables serve any number of rows), on
-# CPU from 64 (kRowsForRowsOnly in src/cpu/log_lik_cpu.cpp: fewer, long rows
-# are split into column chunks by the forward and the backward). Elsewhere
-# the op is a forward plus a backward and would only move the backward's
-# work into the forward.
-_SINGLE_PASS_MIN_ROWS_CUDA = 1
-_SINGLE_PASS_MIN_ROWS_CPU = 64
 
 
 def _single_pass_applies(ctx, counts, log_alpha) -> bool:
@@ -206,48 +263,96 @@ def _is_uniform(grad) -> bool:
 
 
 class _LogLik(torch.autograd.Function):
-    """log_lik with the registered formulas, plus the single pass: where it
-    applies, the forward also computes the gradient of the rows' sum, and a
-    backward whose incoming gradient is one number g for every row, as the
-    strides show it for a sum of the rows, returns g times it instead of
-    reading the counts again. Any other gradient (a mean arrives dense) takes
-    the backward kernels. (Deciding uniformity on the device instead, without
-    a synchronization, was measured slower on the H200 machine: its extra
-    launches cost more host time than the saved read; BENCHMARKS.md.)"""
+    """The eager fast path of log_lik: the registered setup and formula,
+    plus the single pass (Note [Single pass]): where it applies, the forward
+    also computes the gradient of the rows' sum, and a backward whose
+    incoming gradient is one number g for every row, as the strides show it
+    for a sum of the rows, returns g times it instead of reading the counts
+    again. Any other gradient (a mean arrives dense) takes the formula.
+    (Deciding uniformity on the device instead, without a synchronization,
+    was measured slower on the H200 machine: its extra launches cost more
+    host time than the saved read; BENCHMARKS.md.)"""
 
     @staticmethod
-    def forward(ctx, counts, log_alpha, normalize):
+    def forward(ctx, counts, log_alpha, normalize, keys):
         ctx.grad_of_sum = None
-        with _BELOW_AUTOGRAD():
-            if _single_pass_applies(ctx, counts, log_alpha):
-                out, ctx.grad_of_sum = ops.log_lik_with_grad.default(counts, log_alpha, normalize)
-            else:
-                out = ops.log_lik.default(counts, log_alpha, normalize)
+        if _single_pass_applies(ctx, counts, log_alpha):
+            out, ctx.grad_of_sum = _run(ops.log_lik_with_grad.default, keys,
+                                        counts, log_alpha, normalize)
+        else:
+            out = _run(ops.log_lik.default, keys, counts, log_alpha, normalize)
         _log_lik_setup(ctx, (counts, log_alpha, normalize), out)
+        ctx.kernel_keys = keys
         return out
 
     @staticmethod
     def backward(ctx, grad):
         if ctx.grad_of_sum is not None and _is_uniform(grad):
-            return None, ctx.grad_of_sum * grad.reshape(-1)[0], None
-        return _log_lik_backward(ctx, grad)
-
-
-def _call(op, function, counts, log_alpha, normalize: bool):
-    if not _eager():
-        return op(counts, log_alpha, normalize)
-    # (Spelled out for two tensors: a generator over them cost ~0.5 us per call.)
-    if torch.is_grad_enabled() and (counts.requires_grad or log_alpha.requires_grad):
-        return function.apply(counts, log_alpha, normalize)
-    with _BELOW_AUTOGRAD():
-        return op(counts, log_alpha, normalize)
+            return None, ctx.grad_of_sum * grad.reshape(-1)[0], None, None
+        return _log_lik_backward(ctx, grad) + (None,)
 
 
 def call_log_lik(counts, log_alpha, normalize: bool):
-    """dirmult::log_lik, by the eager fast path where it applies."""
+    """dirmult::log_lik on checked arguments, by the eager fast path where it
+    applies."""
     return _call(ops.log_lik.default, _LogLik, counts, log_alpha, normalize)
 
 
+# ---------------------------------------------------------- log_lik_components
+@torch.library.register_fake("dirmult::log_lik_components")
+def _components_fake(counts, log_alpha, normalize=False):
+    return counts.new_empty((counts.shape[0], log_alpha.shape[0]), dtype=log_alpha.dtype)
+
+
+@torch.library.register_fake("dirmult::log_lik_components_backward")
+def _components_backward_fake(grad, counts, log_alpha):
+    return torch.empty_like(log_alpha)
+
+
+def _components_setup(ctx, inputs, output):
+    counts, log_alpha, normalize = inputs
+    ctx.save_for_backward(counts, log_alpha)
+    ctx.kernel_keys = None
+
+
+def _components_backward(ctx, grad):
+    """The formula, for the registered op and the fast path alike."""
+    counts, log_alpha = ctx.saved_tensors
+    if ctx.needs_input_grad[0]:
+        raise NotImplementedError(
+            "dirmult: log_lik_components has no gradient with respect to counts")
+    grad_la = _run(ops.log_lik_components_backward.default, _backward_keys(ctx),
+                   grad.contiguous(), counts, log_alpha)
+    return None, grad_la, None
+
+
+torch.library.register_autograd("dirmult::log_lik_components", _components_backward,
+                                setup_context=_components_setup)
+
+
+class _Components(torch.autograd.Function):
+    """The eager fast path of log_lik_components: the registered setup and
+    formula around a direct call of the kernel."""
+
+    @staticmethod
+    def forward(ctx, counts, log_alpha, normalize, keys):
+        out = _run(ops.log_lik_components.default, keys, counts, log_alpha, normalize)
+        _components_setup(ctx, (counts, log_alpha, normalize), out)
+        ctx.kernel_keys = keys
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _components_backward(ctx, grad) + (None,)
+
+
 def call_log_lik_components(counts, log_alpha, normalize: bool):
-    """dirmult::log_lik_components, by the eager fast path where it applies."""
+    """dirmult::log_lik_components on checked arguments, by the eager fast
+    path where it applies."""
     return _call(ops.log_lik_components.default, _Components, counts, log_alpha, normalize)
+
+
+# ------------------------------------------------------------------ poch_terms
+@torch.library.register_fake("dirmult::poch_terms")
+def _poch_terms_fake(log_alpha, n):
+    return torch.empty_like(log_alpha), torch.empty_like(log_alpha)

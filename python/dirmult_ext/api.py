@@ -6,54 +6,17 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
+from . import _checks
 from ._ops import call_log_lik, call_log_lik_components
 
-COUNT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16,
-                torch.int32, torch.int64, torch.uint8)
+COUNT_DTYPES = _checks.COUNT_DTYPES
+REDUCTIONS = _checks.REDUCTIONS
 
 
 def _compute_dtype(counts: Tensor, log_alpha: Tensor) -> torch.dtype:
     if counts.dtype == torch.float64 or log_alpha.dtype == torch.float64:
         return torch.float64
     return torch.float32
-
-
-def _check_inputs(counts, log_alpha, name: str = "log_alpha") -> None:
-    if not isinstance(counts, Tensor):
-        raise TypeError(f"counts must be a torch.Tensor, got {type(counts).__name__}")
-    if not isinstance(log_alpha, Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(log_alpha).__name__}")
-    if counts.dtype not in COUNT_DTYPES:
-        raise ValueError(
-            f"counts must have dtype float32, float64, float16, bfloat16, int32, int64 "
-            f"or uint8, got {counts.dtype}")
-    if not log_alpha.is_floating_point():
-        raise ValueError(f"{name} must be a floating-point tensor, got {log_alpha.dtype}")
-    if counts.dim() < 1:
-        raise ValueError("counts must have shape (..., V) with at least one dimension, "
-                         "got a 0-d tensor")
-    if counts.device != log_alpha.device:
-        raise ValueError(f"counts and {name} must be on the same device, got "
-                         f"{counts.device} and {log_alpha.device}")
-
-
-def _check_finite(counts: Tensor, log_alpha: Tensor, name: str) -> None:
-    # Host synchronization: only when the caller asks for validation.
-    if counts.is_floating_point() and not bool(torch.isfinite(counts).all()):
-        raise ValueError("counts contains NaN or infinite values")
-    if bool((counts < 0).any()):
-        raise ValueError("counts contains negative values")
-    if not bool(torch.isfinite(log_alpha).all()):
-        raise ValueError(f"{name} contains NaN or infinite values")
-
-
-REDUCTIONS = ("none", "sum", "mean")
-
-
-def _check_reduction(reduction: str) -> None:
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"reduction must be one of {', '.join(map(repr, REDUCTIONS))}, "
-                         f"got {reduction!r}")
 
 
 def _reduce(out: Tensor, reduction: str) -> Tensor:
@@ -117,26 +80,19 @@ def log_lik(counts: Tensor, log_alpha: Optional[Tensor] = None, *,
     """
     if (log_alpha is None) == (alpha is None):
         raise ValueError("pass exactly one of log_alpha and alpha")
-    _check_reduction(reduction)
+    _checks.reduction(reduction)
     name = "log_alpha"
     if alpha is not None:
-        _check_inputs(counts, alpha, "alpha")
+        _checks.inputs(counts, alpha, "alpha")
         name = "alpha"
         log_alpha = alpha.log()
-    _check_inputs(counts, log_alpha, name)
-    V = counts.shape[-1]
-    # Compare dims before sizes: under torch.compile/export a size comparison
-    # becomes a guard, and the batch size must stay free.
-    shared = log_alpha.dim() == 1 and log_alpha.shape[0] == V
-    if not shared and (log_alpha.dim() != counts.dim() or log_alpha.shape != counts.shape):
-        raise ValueError(
-            f"{name} must have shape ({V},) (shared) or counts' shape {tuple(counts.shape)} "
-            f"(per-sample), got {tuple(log_alpha.shape)}")
+    _checks.inputs(counts, log_alpha, name)
+    _checks.log_lik_shapes(counts, log_alpha, name)
     dtype = _compute_dtype(counts, log_alpha)
     if log_alpha.dtype != dtype:  # (a no-op .to() still costs a dispatch)
         log_alpha = log_alpha.to(dtype)
     if validate:
-        _check_finite(counts, log_alpha, name)
+        _checks.finite(counts, log_alpha, name)
     return _reduce(call_log_lik(counts, log_alpha, normalize), reduction)
 
 
@@ -160,12 +116,8 @@ def log_lik_components(counts: Tensor, log_alpha: Tensor, *,
         set before import, forces one way for float32. On CPU, always the
         latter.
     """
-    _check_inputs(counts, log_alpha)
-    if counts.dim() != 2:
-        raise ValueError(f"counts must be (B, V), got shape {tuple(counts.shape)}")
-    if log_alpha.dim() != 2 or log_alpha.shape[1] != counts.shape[1]:
-        raise ValueError(f"log_alpha must be (K, {counts.shape[1]}), got "
-                         f"{tuple(log_alpha.shape)}")
+    _checks.inputs(counts, log_alpha)
+    _checks.components_shapes(counts, log_alpha)
     log_alpha = log_alpha.to(_compute_dtype(counts, log_alpha))
     return call_log_lik_components(counts, log_alpha, normalize)
 
@@ -192,7 +144,7 @@ class DirichletMultinomialLogLik(nn.Module):
                  normalize: bool = False, dtype: torch.dtype = torch.float32,
                  reduction: str = "none"):
         super().__init__()
-        _check_reduction(reduction)
+        _checks.reduction(reduction)
         self.reduction = reduction
         if init_log_alpha is None:
             init_log_alpha = torch.zeros(num_categories, dtype=dtype)

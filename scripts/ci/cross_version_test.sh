@@ -6,7 +6,9 @@
 #
 # This is the stable-ABI promise checked end to end: a wheel built against
 # torch 2.14.1 (CUDA 13.0) must import and pass its CPU tests under torch
-# 2.13.0+cpu, where _ops.py skips _C_cuda.so because torch.version.cuda is None.
+# 2.13.0+cpu, where _ops.py skips _C_cuda.so because torch.version.cuda is None;
+# then the error, autograd and fuzz tests again with the ops' Python argument
+# checks forced on (DIRMULT_OP_CHECKS=python).
 # The tests run from a scratch directory, so `import dirmult_ext` finds the
 # installed wheel, never python/ of the checkout (checked before and during
 # the run through DIRMULT_EXPECT_INSTALLED_IN, see tests/test_packaging.py).
@@ -96,6 +98,16 @@ set +e
 DIRMULT_EXPECT_INSTALLED_IN="$VENV" "$PY" -m pytest -q -p no:cacheprovider \
   -m "not cuda" "$ROOT/tests" ${PYTEST_ARGS:-} "$@"
 rc=$?
+# The ops' Python argument checks (Note [Stable ABI errors]), on by default
+# only where torch < 2.13, forced on: the tests of errors, autograd and the
+# fuzz cases once more through them (tests/test_errors.py forces them in
+# processes of its own in the run above too).
+say "pytest with DIRMULT_OP_CHECKS=python: test_errors test_fuzz test_autograd test_with_grad"
+DIRMULT_OP_CHECKS=python DIRMULT_EXPECT_INSTALLED_IN="$VENV" "$PY" -m pytest -q -p no:cacheprovider \
+  -m "not cuda" "$ROOT/tests/test_errors.py" "$ROOT/tests/test_fuzz.py" \
+  "$ROOT/tests/test_autograd.py" "$ROOT/tests/test_with_grad.py" "$@"
+rc_checks=$?
 set -e
-say "cross-version test finished: pytest exit code $rc"
+say "cross-version test finished: pytest exit codes $rc (suite), $rc_checks (Python op checks)"
+[[ $rc -eq 0 ]] && exit $rc_checks
 exit $rc

@@ -4,7 +4,8 @@
 #   the machine's torch and installs it into a folder of its own (pip
 #   --target, put on PYTHONPATH; torch and the test tools are the machine's),
 #   then, against that installed wheel: the main job on CUDA (and dm_log_normal's bits
-#   against logf, scripts/gpu/check_log_normal.cu), the whole test suite with CUDA,
+#   against logf, scripts/gpu/check_log_normal.cu), every op's argument errors
+#   (scripts/gpu/probe_op_errors.py), the whole test suite with CUDA,
 #   compute-sanitizer (memcheck and racecheck) on every kernel, the 2-GPU fit
 #   when two GPUs are present, the benchmark, and Nsight Compute on the hot
 #   kernels. Logs go to $OUT (default ./gpu_out).
@@ -18,7 +19,7 @@ WORK=${DIRMULT_GPU_WORK:-/tmp/dirmult_gpu}
 SITE=$WORK/site
 PY=python3
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-stages=${*:-wheel check test sanitize multigpu bench profile}
+stages=${*:-wheel check probe test sanitize multigpu bench profile}
 status=0
 summary=()
 run_stage() {  # log (file name under $OUT, appended to), label, command...
@@ -74,8 +75,9 @@ has check && run_stage check check "$PY" -m dirmult_ext check --rows 65536 --cat
 has check && run_stage check "dm_log_normal bits" bash -c "nvcc -std=c++17 -arch=sm_90 \
   -I '$REPO/include' '$REPO/scripts/gpu/check_log_normal.cu' -o '$WORK/check_log_normal' \
   && '$WORK/check_log_normal'"
-# Not in the default stages: torch 2.11 crashes on any error raised in a
-# stable-ABI kernel (docs/DEVELOPING.md); the probe shows which torch does.
+# Every argument error of every op, CPU and CUDA, eager and TorchScript, a
+# process per call: each must raise (Note [Stable ABI errors]); the log also
+# shows whether this torch's C++ errors alone would.
 has probe && run_stage check "op error probe" "$PY" "$REPO/scripts/gpu/probe_op_errors.py"
 has test && run_stage test test "$PY" -m pytest "$REPO/tests" -q -p no:cacheprovider -rfE \
   --rootdir "$REPO"
