@@ -3,7 +3,7 @@ PyTorch custom ops (``torch.ops.dirmult.*``), with autograd, fake kernels for
 torch.compile/export, and TorchScript support.
 """
 from ._version import __version__
-from ._ops import BUILD_INFO, COMPONENTS_WAY, CUDA_KERNELS
+from ._ops import BUILD_INFO, COMPONENTS_WAY, CUDA_KERNELS, OP_CHECKS
 from .api import (DirichletMultinomialLogLik, log_lik, log_lik_components,
                   reference_log_lik)
 from .distribution import DirichletMultinomial
@@ -20,6 +20,7 @@ def build_info() -> dict:
     info["torch_cuda"] = torch.version.cuda
     info["cuda_kernels_loaded"] = CUDA_KERNELS
     info["cuda_components_way"] = COMPONENTS_WAY  # DIRMULT_CUDA_COMPONENTS, read on import
+    info["op_checks"] = OP_CHECKS  # DIRMULT_OP_CHECKS (See Note [Stable ABI errors])
     t = info["torch_target_version"]
     info["torch_target"] = f"{(t >> 56) & 0xff}.{(t >> 48) & 0xff}"
     return info
