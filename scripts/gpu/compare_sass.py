@@ -1,0 +1,54 @@
+"""Compares the machine code of two builds of _C_cuda.so function by function.
+
+    python scripts/gpu/compare_sass.py OLD/_C_cuda.so NEW/_C_cuda.so
+
+Runs `cuobjdump -sass` on both (cuobjdump is on the GPU machine), splits the
+listings into functions by their mangled names, and prints, per function,
+whether its code is identical, differs, or is only in one build. Exits 1 when
+any function differs or is missing from the new build: a move of code that
+must not change what a kernel computes is checked this way.
+"""
+import re
+import subprocess
+import sys
+
+
+def functions(path: str) -> dict:
+    out = subprocess.run(["cuobjdump", "-sass", path], capture_output=True, text=True,
+                         check=True).stdout
+    funcs, name, body, arch = {}, None, [], ""
+    for line in out.splitlines():
+        m = re.match(r"\s*arch = (\S+)", line)
+        if m:
+            arch = m.group(1)
+        m = re.match(r"\s*Function : (\S+)", line)
+        if m:
+            if name:
+                funcs[name] = body
+            name, body = f"{arch}:{m.group(1)}", []
+        elif name and re.match(r"\s*/\*[0-9a-f]{4,}\*/", line):
+            body.append(line.strip())
+    if name:
+        funcs[name] = body
+    return funcs
+
+
+def main(argv) -> int:
+    if len(argv) != 2:
+        print(__doc__)
+        return 2
+    old, new = functions(argv[0]), functions(argv[1])
+    same = sorted(n for n in old if n in new and old[n] == new[n])
+    changed = sorted(n for n in old if n in new and old[n] != new[n])
+    gone = sorted(n for n in old if n not in new)
+    added = sorted(n for n in new if n not in old)
+    for label, names in (("differs", changed), ("only in old", gone), ("only in new", added)):
+        for n in names:
+            print(f"{label:12s} {n}")
+    print(f"{len(same)} functions identical, {len(changed)} differ, {len(gone)} only in old, "
+          f"{len(added)} only in new")
+    return 1 if changed or gone else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
