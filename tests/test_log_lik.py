@@ -11,8 +11,8 @@ import torch
 
 import dirmult_ext
 
-from reference import (COUNT_DTYPES, grad_float64, log_lik_float64, magnitudes, mp_lnpoch,
-                       random_counts, tolerance)
+from reference import (COUNT_DTYPES, grad_float64, grad_tolerances, log_lik_float64, magnitudes,
+                       mp_lnpoch, random_counts, tolerance)
 
 
 @pytest.mark.parametrize("dtype", COUNT_DTYPES)
@@ -278,15 +278,15 @@ def test_alpha_keyword_gradient(device):
 @pytest.mark.parametrize("shared", [True, False])
 def test_gradient_matches_float64_formula(device, shared):
     """Weighted rows, float32 and float64, against autograd of the float64
-    lgamma formula, relative to the largest |gradient|. Seen over 6 draws of
-    each layout: float32 2.9e-7, float64 5.4e-14; tolerances about 3-4x."""
+    lgamma formula, relative to the largest |gradient| (CPU, seen over 6
+    draws of each layout: float32 2.9e-7, float64 5.4e-14)."""
     B, V = 257, 1500  # several row tiles and column chunks
     counts = random_counts((B, V), torch.float32, device, zero_frac=0.7)
     la64 = torch.empty((V,) if shared else (B, V), dtype=torch.float64).uniform_(-3, 5).to(device)
     w = torch.randn(B, dtype=torch.float64, device=device)
     ref = grad_float64(counts, la64, w)
     scale = ref.abs().max()
-    for dtype, tol in ((torch.float32, 1e-6), (torch.float64, 2e-13)):
+    for dtype, tol in zip((torch.float32, torch.float64), grad_tolerances(device)):
         la = la64.to(dtype).requires_grad_()
         out = dirmult_ext.log_lik(counts.to(dtype), la)
         g, = torch.autograd.grad((out * w.to(dtype)).sum(), la)
@@ -296,8 +296,9 @@ def test_gradient_matches_float64_formula(device, shared):
 def test_training_follows_the_float64_formula(device):
     """The drop-in module trains: 30 plain SGD steps on the mean NLL lower
     it, and land where the same steps on the float64 formula do (SGD, not
-    Adam: Adam's steps do not depend on the gradient's scale). Seen: the
-    parameters within 1.4e-7 of the reference's; tolerance 1e-6."""
+    Adam: Adam's steps do not depend on the gradient's scale). CPU, seen:
+    the parameters within 1.4e-7 of the reference's; tolerance 1e-6 (CUDA:
+    1e-5, the bound of its float32 gradients, grad_tolerances)."""
     V = 20
     true_la = torch.randn(V)
     probs = torch.distributions.Dirichlet(true_la.exp()).sample((512,))
@@ -318,7 +319,8 @@ def test_training_follows_the_float64_formula(device):
         loss_ref.backward()
         opt_ref.step()
     assert losses[-1] < losses[0] - 1.0
-    assert (model.log_alpha.detach().double().cpu() - ref.detach()).abs().max() < 1e-6
+    tol = 1e-6 if device.type == "cpu" else 1e-5
+    assert (model.log_alpha.detach().double().cpu() - ref.detach()).abs().max() < tol
 
 
 def _grads(fn, counts, la, upstream):
