@@ -86,11 +86,17 @@ MUTANTS = [
            "double t = -lnpoch<double>(A, std::log(A), N);",
            "double t = 0.0;",
            ("tests/test_log_lik.py::test_forward_matches_float64",), cpp=True),
+    # The shared-alpha backward without its -a_v sum_b g_b dpoch(A, N_b)
+    # term: the blocks of rows, and the few long rows split in column chunks.
     Mutant("cpp_backward_total_term_dropped", "src/cpu/log_lik_cpu.cpp",
-           "if (g != 0.0) S += N[b] == N[b] ? g * dpoch<double>(sa.total, N[b]) : kNaN;",
-           "if (g != 0.0) S += N[b] == N[b] ? 0.0 : kNaN;",
+           "s += N == N ? g * dpoch<double>(sa.total, N) : kNaN;",
+           "s += N == N ? 0.0 : kNaN;",
            ("tests/test_log_lik_components.py::test_gradient_matches_float64",
             "tests/test_log_lik.py::test_gradient_matches_float64_formula"), cpp=True),
+    Mutant("cpp_few_rows_backward_total_term_dropped", "src/cpu/log_lik_cpu.cpp",
+           "if (g != 0.0) S += N[b] == N[b] ? g * dpoch<double>(sa.total, N[b]) : kNaN;",
+           "if (g != 0.0) S += N[b] == N[b] ? 0.0 : kNaN;",
+           ("tests/test_log_lik.py::test_few_long_rows_forward_and_gradient_match_float64",), cpp=True),
 ]
 
 
