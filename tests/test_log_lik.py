@@ -45,8 +45,8 @@ def test_shapes(device, shape):
 
 @pytest.mark.parametrize("shared", [True, False])
 def test_no_categories(device, shared):
-    """V = 0: every row is empty, its log-likelihood 0, the gradient empty
-    (the CPU forward once returned uninitialized memory here)."""
+    """V = 0: every row is empty, its log-likelihood 0 (written, not left as
+    uninitialized memory), the gradient empty."""
     for _ in range(3):  # fresh allocations, so that garbage would show
         torch.randn(4096, device=device)
         counts = torch.zeros(5, 0, device=device, requires_grad=True)
@@ -141,9 +141,10 @@ def test_results_are_deterministic(device):
     assert torch.equal(out1, out2) and torch.equal(g1, g2)
 
 
-# Bad counts far outside int's range: the CPU table test once converted them
-# to int first (undefined) and read before the table; -2^31 crashed. Every
-# path gives NaN for the bad rows only, the others stay exact.
+# Bad counts far outside int's range (a table lookup must test them before
+# any conversion to int, which would be undefined; -2^31 would index before
+# the table). Every path gives NaN for the bad rows only, the others stay
+# exact.
 @pytest.mark.parametrize("B", [8, 70])  # CUDA: math path / lookup tables; CPU: tables
 def test_extreme_negative_counts_give_nan_rows(device, B):
     bad = [-1.0, -2.0 ** 31, -3e9, -float("inf"), float("nan"), -0.5]
