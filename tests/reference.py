@@ -1,21 +1,106 @@
-"""Higher-precision references for the tests."""
+"""Shared test helpers: higher-precision references (the float64 lgamma
+formula with autograd, mpmath), random inputs and the tolerances that go with
+them. Test modules import from here, never from each other.
+
+The float64 reference is dirmult_ext.reference_log_lik, the plain
+torch.lgamma formula a user writes, evaluated in float64 on the CPU: it calls
+none of the dirmult ops, so it stays independent of the kernels under test
+(test_log_lik.py checks it against mpmath)."""
 import mpmath
 import torch
 
+from dirmult_ext import reference_log_lik
 
+COUNT_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16,
+                torch.int32, torch.int64, torch.uint8]
+
+
+def tolerance(dtype):
+    """Forward values relative to the row's magnitudes (see magnitudes):
+    float64 compute, or float32 compute for every other count dtype."""
+    return 1e-12 if dtype == torch.float64 else 2e-6
+
+
+# ------------------------------------------------------------ random inputs
+def random_counts(shape, dtype, device, high=10, zero_frac=0.5):
+    """Integers in [0, high), about zero_frac of them zero, never all zero."""
+    counts = torch.randint(0, high, shape)
+    counts = counts * (torch.rand(shape) > zero_frac)
+    if counts.numel() and counts.sum() == 0:
+        counts.view(-1)[0] = 1
+    return counts.to(dtype=dtype, device=device)
+
+
+def mixed_counts(B, V, device, dtype=torch.float32):
+    """Mostly zeros and small integers (the tables' 0..16), with some counts
+    off the table (large; non-integer for float dtypes; uint8 clamped)."""
+    counts = torch.randint(0, 17, (B, V)).double()
+    counts *= torch.rand(B, V) > 0.6
+    big = torch.rand(B, V) < 0.02
+    counts[big] = torch.randint(17, 300, (int(big.sum()),)).double()
+    if dtype.is_floating_point:
+        frac = torch.rand(B, V) < 0.02
+        counts[frac] = torch.rand(int(frac.sum())).double() * 30
+    else:
+        counts.clamp_(max=255)
+    return counts.to(dtype=dtype, device=device)
+
+
+def cancelling_rows(B, V, with_large_terms):
+    """Per-sample rows whose terms mostly cancel: counts 2 and 3 at a in
+    (0.3, 1), nearly every lnpoch in (-1, 1). with_large_terms: a third of
+    the columns large terms instead (counts 9..16 at log_alpha in (1, 3)),
+    whose magnitudes absorb the float32 error of the cancelling ones (the
+    float32 paths keep those values); without, nothing does (the float32
+    paths redo them in float64)."""
+    counts = torch.randint(2, 4, (B, V)).float()
+    la = torch.empty(B, V).uniform_(-1.2, 0.0)
+    if with_large_terms:
+        counts[:, ::3] = torch.randint(9, 17, counts[:, ::3].shape).float()
+        la[:, ::3] = torch.empty(la[:, ::3].shape).uniform_(1.0, 3.0)
+    return counts, la
+
+
+def grad_tolerances(device):
+    """(float32, float64) tolerances of a gradient against the float64
+    formula, relative to the largest |gradient| (per component for
+    log_lik_components). CPU: 3-4x the error seen over 20 draws (float32
+    3.2e-7, float64 5.4e-14). CUDA keeps the bounds its float64 kernels were
+    checked to before (1e-5; 1e-10), until gpu_check.sh measures them."""
+    if torch.device(device).type == "cpu":
+        return 1e-6, 2e-13
+    return 1e-5, 1e-10
+
+
+# ------------------------------------------------------- float64 references
 def log_lik_float64(counts, log_alpha, normalize=False):
-    """The lgamma formula in float64 (accurate where float32 is not, except
-    for very large concentrations, where mpmath is used instead)."""
-    counts = counts.double().cpu()
-    alpha = log_alpha.double().cpu().exp()
-    if alpha.dim() == 1:
-        alpha = alpha.expand_as(counts)
-    A, N = alpha.sum(-1), counts.sum(-1)
-    out = (torch.lgamma(A) - torch.lgamma(N + A)
-           + (torch.lgamma(counts + alpha) - torch.lgamma(alpha)).sum(-1))
-    if normalize:
-        out = out + torch.lgamma(N + 1) - torch.lgamma(counts + 1).sum(-1)
-    return out
+    """The lgamma formula in float64 on the CPU (accurate where float32 is
+    not, except for very large concentrations, where mpmath is used
+    instead). Differentiable: autograd of it is the reference gradient."""
+    return reference_log_lik(counts.double().cpu(), log_alpha.double().cpu(), normalize)
+
+
+def components_float64(counts, log_alpha, normalize=False):
+    return torch.stack([log_lik_float64(counts, la, normalize) for la in log_alpha], dim=-1)
+
+
+def grad_float64(counts, log_alpha, weights=None, normalize=False):
+    """d sum(weights * log_lik) / d log_alpha by autograd of the float64
+    formula; weights default to ones (the gradient of the rows' sum)."""
+    la = log_alpha.detach().double().cpu().requires_grad_()
+    out = log_lik_float64(counts, la, normalize)
+    w = torch.ones_like(out) if weights is None else weights.detach().double().cpu()
+    g, = torch.autograd.grad((out * w).sum(), la)
+    return g
+
+
+def components_grad_float64(counts, log_alpha, weights, normalize=False):
+    """d sum(weights * log_lik_components) / d log_alpha (K, V), by autograd
+    of the float64 formula."""
+    la = log_alpha.detach().double().cpu().requires_grad_()
+    out = components_float64(counts, la, normalize)
+    g, = torch.autograd.grad((out * weights.detach().double().cpu()).sum(), la)
+    return g
 
 
 def magnitudes(counts, log_alpha, normalize=False):
@@ -37,30 +122,31 @@ def magnitudes(counts, log_alpha, normalize=False):
     return rows.reshape(counts.shape[:-1]), cols
 
 
-def components_float64(counts, log_alpha, normalize=False):
-    return torch.stack([log_lik_float64(counts, la, normalize) for la in log_alpha], dim=-1)
-
-
-def cancelling_rows(B, V, with_large_terms):
-    """Per-sample rows whose terms mostly cancel: counts 2 and 3 at a in
-    (0.3, 1), nearly every lnpoch in (-1, 1). with_large_terms: a third of
-    the columns large terms instead (counts 9..16 at log_alpha in (1, 3)),
-    whose magnitudes absorb the float32 error of the cancelling ones (the
-    float32 paths keep those values); without, nothing does (the float32
-    paths redo them in float64)."""
-    counts = torch.randint(2, 4, (B, V)).float()
-    la = torch.empty(B, V).uniform_(-1.2, 0.0)
-    if with_large_terms:
-        counts[:, ::3] = torch.randint(9, 17, counts[:, ::3].shape).float()
-        la[:, ::3] = torch.empty(la[:, ::3].shape).uniform_(1.0, 3.0)
-    return counts, la
-
-
 def component_magnitudes(counts, log_alpha, normalize=False):
     """magnitudes' row sizes for each component: (B, K)."""
     return torch.stack([magnitudes(counts, la, normalize)[0] for la in log_alpha], dim=-1)
 
 
+def per_sample_grad_error(grad, counts, log_alpha, weights):
+    """The largest error of the gradient of sum_b w_b out_b with respect to
+    per-sample log_alpha (B, V), each element relative to its own terms:
+    |w_b| (|a dpoch(a, n)| + |a dpoch(A, N)|)."""
+    n, a = counts.double().cpu(), log_alpha.detach().double().cpu().exp()
+    w = weights.double().cpu()[:, None]
+    A, N = a.sum(-1, keepdim=True), n.sum(-1, keepdim=True)
+    adp = a * (torch.digamma(n + a) - torch.digamma(a))
+    adA = a * (torch.digamma(N + A) - torch.digamma(A))
+    ref = w * (adp - adA)
+    scale = w.abs() * (adp.abs() + adA.abs())
+    return ((grad.double().cpu() - ref).abs() / scale.clamp_min(1e-30)).max().item()
+
+
+def rel_error(x, ref, scale):
+    """Largest |x - ref| relative to scale (elementwise, at least 1)."""
+    return ((x.detach().double().cpu() - ref).abs() / scale.clamp_min(1.0)).max().item()
+
+
+# ------------------------------------------------------------------- mpmath
 mpmath.mp.dps = 50
 
 
@@ -76,17 +162,3 @@ def mp_lnpoch(a, n):
 def mp_adpoch(a, n):
     a, n = _mpf(a), _mpf(n)
     return a * (mpmath.digamma(a + n) - mpmath.digamma(a))
-
-
-def per_sample_grad_error(grad, counts, log_alpha, weights):
-    """The largest error of the gradient of sum_b w_b out_b with respect to
-    per-sample log_alpha (B, V), each element relative to its own terms:
-    |w_b| (|a dpoch(a, n)| + |a dpoch(A, N)|)."""
-    n, a = counts.double().cpu(), log_alpha.detach().double().cpu().exp()
-    w = weights.double().cpu()[:, None]
-    A, N = a.sum(-1, keepdim=True), n.sum(-1, keepdim=True)
-    adp = a * (torch.digamma(n + a) - torch.digamma(a))
-    adA = a * (torch.digamma(N + A) - torch.digamma(A))
-    ref = w * (adp - adA)
-    scale = w.abs() * (adp.abs() + adA.abs())
-    return ((grad.double().cpu() - ref).abs() / scale.clamp_min(1e-30)).max().item()

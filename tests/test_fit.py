@@ -27,9 +27,9 @@ def total_log_lik(counts, log_alpha):
 
 
 def test_recovery_of_known_alpha():
-    """4000 rows, totals 50..149, V = 10, alpha 0.2..4: with this fixed seed
-    the largest relative error of the fitted alpha is below 0.15 (typical
-    seeds give 0.02-0.07)."""
+    """4000 rows, totals 50..149, V = 10, alpha 0.2..4, a fixed seed: the
+    largest relative error of the fitted alpha was 0.013 and the precision's
+    0.004; tolerances 0.05 (typical seeds give 0.02-0.07) and 0.02."""
     torch.manual_seed(1234)
     alpha = torch.linspace(0.2, 4.0, 10, dtype=torch.float64)
     x = sample(alpha, 4000, 50, 150)
@@ -37,8 +37,8 @@ def test_recovery_of_known_alpha():
     assert isinstance(r, DMFit) and r.converged and r.method == "newton"
     assert r.alpha.shape == (10,) and r.alpha.dtype == torch.float64
     rel = ((r.alpha - alpha) / alpha).abs().max().item()
-    assert rel < 0.15, rel
-    assert abs(r.precision / float(alpha.sum()) - 1) < 0.1
+    assert rel < 0.05, rel
+    assert abs(r.precision / float(alpha.sum()) - 1) < 0.02
     torch.testing.assert_close(r.log_alpha.exp(), r.alpha)
     assert r.n_rows == 4000
 

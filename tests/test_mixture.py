@@ -1,4 +1,4 @@
-"""DM mixtures by EM and the class-conditional DM classifier."""
+"""DM mixtures by EM (the classifier: test_classifier.py)."""
 import itertools
 import math
 
@@ -9,8 +9,7 @@ import torch
 import dirmult_ext
 from dirmult_ext.distribution import DirichletMultinomial
 from dirmult_ext.fit import fit
-from dirmult_ext.mixture import (DMClassifier, DMMixture, adjusted_rand_index,
-                                 best_permutation_accuracy, fit_mixture)
+from dirmult_ext.mixture import DMMixture, adjusted_rand_index, best_permutation_accuracy, fit_mixture
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() and dirmult_ext.CUDA_KERNELS else [])
 
@@ -108,30 +107,6 @@ def test_mixture_errors():
         fit_mixture(x, 2, init="spectral")
     with pytest.raises(ValueError, match="n_init"):
         fit_mixture(x, 2, n_init=0)
-
-
-@pytest.mark.parametrize("device", DEVICES)
-def test_classifier(device):
-    x, z, alpha = separated_mixture(B=600)
-    names = np.array(["a", "b", "c"])[z.numpy()]
-    tr, te = slice(0, 450), slice(450, None)
-    clf = DMClassifier(device=device).fit(x[tr], names[tr])
-    assert list(clf.classes_) == ["a", "b", "c"]
-    assert bool(clf.converged_.all())
-    assert clf.score(x[te], names[te]) > 0.95
-    lp = clf.predict_log_proba(x[te])
-    torch.testing.assert_close(lp.exp().sum(-1).cpu(), torch.ones(150, dtype=torch.float64))
-    # each class's alpha is the DM MLE on that class's rows
-    for c, name in enumerate(clf.classes_):
-        r = fit(x[tr][torch.as_tensor(names[tr] == name)], min_alpha=clf.min_alpha)
-        torch.testing.assert_close(clf.log_alpha_[c], r.log_alpha, rtol=0, atol=1e-4)
-    # uniform prior and the empirical prior give the same argmax here
-    u = DMClassifier(prior="uniform").fit(x[tr], names[tr])
-    torch.testing.assert_close(u.log_prior_, torch.full((3,), -math.log(3), dtype=torch.float64))
-    with pytest.raises(RuntimeError, match="not fitted"):
-        DMClassifier().predict(x)
-    with pytest.raises(ValueError, match="labels"):
-        DMClassifier().fit(x, names[:10])
 
 
 def test_adjusted_rand_index():

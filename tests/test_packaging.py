@@ -42,11 +42,16 @@ def test_build_info_fields():
 
 
 def test_cuda_kernels_only_with_cuda_torch():
-    if torch.version.cuda is None:
-        assert not dirmult_ext.build_info()["cuda_kernels_loaded"]
-    if (not dirmult_ext.build_info()["cuda_version"]
-            or not (_ops._HERE / "_C_cuda.so").exists()):
-        assert not dirmult_ext.build_info()["cuda_kernels_loaded"]
+    """The CUDA kernels are loaded exactly where torch has CUDA and the build
+    has its library (a CUDA-major mismatch raises on import instead), and
+    then every op has a CUDA kernel; otherwise none has."""
+    info = dirmult_ext.build_info()
+    expected = (torch.version.cuda is not None and bool(info["cuda_version"])
+                and (_ops._HERE / "_C_cuda.so").exists())
+    assert info["cuda_kernels_loaded"] == expected
+    for op in ("log_lik", "log_lik_backward", "log_lik_with_grad", "log_lik_components",
+               "log_lik_components_backward", "poch_terms"):
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(f"dirmult::{op}", "CUDA") == expected
 
 
 def test_installed_wheel_is_what_is_tested():

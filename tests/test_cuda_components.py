@@ -1,9 +1,7 @@
-"""log_lik_components on the lookup-table path (float32; the backward's from
-32 rows): every component block size (K up to 4, up to 8, up to 16, and more than 16,
-which takes several passes), several column slices with a ragged end, counts
-off the table (large and non-integer), bad counts and concentrations. Then
-the shapes that run log_lik's kernels once per component instead (CPU: all;
-CUDA: long rows, few components): log_lik's bits per component."""
+"""log_lik_components on CUDA: the shapes that run log_lik's kernels once per
+component (long rows, few components) and the ways forced by
+DIRMULT_CUDA_COMPONENTS. Runs on the GPU machine (scripts/gpu/gpu_check.sh);
+skipped without CUDA."""
 import os
 import subprocess
 import sys
@@ -13,117 +11,13 @@ import torch
 
 import dirmult_ext
 
-from reference import components_float64
+from reference import components_float64, components_grad_float64, mixed_counts
 
-
-def mixed_counts(B, V, device, dtype=torch.float32):
-    """Mostly zeros and small integers, with some counts off the table."""
-    counts = torch.randint(0, 17, (B, V)).double()
-    counts *= torch.rand(B, V) > 0.6
-    big = torch.rand(B, V) < 0.02
-    counts[big] = torch.randint(17, 300, (int(big.sum()),)).double()
-    if dtype.is_floating_point:
-        frac = torch.rand(B, V) < 0.02
-        counts[frac] = torch.rand(int(frac.sum())).double() * 30
-    else:
-        counts.clamp_(max=255)
-    return counts.to(dtype=dtype, device=device)
-
-
-def weighted_component_grads(counts, la64, w):
-    """d sum(w * log_lik_components) / d log_alpha, computed in float32 and in
-    float64 (both returned as float64)."""
-    grads = []
-    for dtype in (torch.float32, torch.float64):
-        la = la64.to(dtype).requires_grad_()
-        out = dirmult_ext.log_lik_components(counts.to(dtype), la)
-        grads.append(torch.autograd.grad((out * w.to(dtype)).sum(), la)[0].double())
-    return grads
-
-
-@pytest.mark.parametrize("K", [1, 3, 7, 16, 21])
-@pytest.mark.parametrize("normalize", [False, True])
-def test_forward_matches_float64(device, K, normalize):
-    B, V = int(torch.randint(40, 200, ())), int(torch.randint(900, 1300, ()))
-    counts = mixed_counts(B, V, device)
-    log_alpha = torch.empty(K, V).uniform_(-4, 5).to(device)
-    out = dirmult_ext.log_lik_components(counts, log_alpha, normalize=normalize)
-    ref = components_float64(counts, log_alpha, normalize)
-    scale = ref.abs().amax(0).clamp_min(1.0)
-    assert ((out.double().cpu() - ref).abs() / scale).max() < 2e-6
-
-
-@pytest.mark.parametrize("dtype", [torch.uint8, torch.int64, torch.float64])
-def test_count_dtypes(device, dtype):
-    B, V, K = 64, 517, 5
-    counts = mixed_counts(B, V, device, dtype)
-    log_alpha = torch.empty(K, V).uniform_(-3, 4).to(device)
-    out = dirmult_ext.log_lik_components(counts, log_alpha)
-    ref = components_float64(counts, log_alpha)
-    assert ((out.double().cpu() - ref).abs() / ref.abs().amax(0)).max() < 2e-6
-
-
-@pytest.mark.parametrize("K", [2, 4, 16, 19])  # CUDA: 2 runs log_lik's kernels, 4 the tables
-def test_gradient_matches_float64(device, K):
-    B, V = 150, 700
-    counts = mixed_counts(B, V, device)
-    la64 = torch.empty(K, V, dtype=torch.float64).uniform_(-3, 5).to(device)
-    w = torch.randn(B, K, dtype=torch.float64, device=device)
-    grads = weighted_component_grads(counts, la64, w)
-    scale = grads[1].abs().amax(1, keepdim=True)
-    assert ((grads[0] - grads[1]).abs() / scale).max() < 1e-5
-
-
-def test_bad_counts_and_concentrations(device):
-    B, V, K = 64, 300, 6
-    counts = mixed_counts(B, V, device)
-    counts[5, 17] = -1.0
-    counts[9, 0] = float("inf")
-    log_alpha = torch.randn(K, V, device=device)
-    log_alpha[2, 4] = float("nan")
-    out = dirmult_ext.log_lik_components(counts, log_alpha)
-    bad_rows = torch.zeros(B, dtype=torch.bool, device=device)
-    bad_rows[[5, 9]] = True
-    assert torch.isnan(out[bad_rows]).all()
-    assert torch.isnan(out[:, 2]).all()
-    good = out[~bad_rows][:, [0, 1, 3, 4, 5]]
-    assert torch.isfinite(good).all()
-
-
-def test_sparse_rows_and_empty_rows(device):
-    B, V, K = 96, 2000, 12
-    counts = torch.zeros(B, V)
-    for b in range(0, B, 2):  # every other row empty, the rest very sparse
-        idx = torch.randint(0, V, (5,))
-        counts[b, idx] = torch.randint(1, 40, (5,)).float()
-    counts = counts.to(device)
-    log_alpha = torch.empty(K, V).uniform_(-2, 2).to(device)
-    out = dirmult_ext.log_lik_components(counts, log_alpha, normalize=True)
-    ref = components_float64(counts, log_alpha, True)
-    torch.testing.assert_close(out.double().cpu(), ref, rtol=2e-6, atol=2e-5)
-    assert (out[1::2] == 0).all()  # an empty row has probability one
-
-
-# CPU: component k is log_lik with log_alpha[k], by the same kernels, so the
-# same bits, forward and gradient: few long rows (column chunks), rows under
-# the tables' threshold, table rows; float32 (vector math path) and float64.
-@pytest.mark.parametrize("B, V", [(3, 20000), (4, 700), (70, 900)])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("normalize", [False, True])
-def test_cpu_components_are_log_lik_per_component(B, V, dtype, normalize):
-    K = 3
-    counts = mixed_counts(B, V, "cpu", dtype)
-    la = torch.empty(K, V, dtype=dtype).uniform_(-3.0, 3.5)
-    w = torch.rand(B, K, dtype=dtype)
-    lk = la.clone().requires_grad_()
-    out = dirmult_ext.log_lik_components(counts, lk, normalize=normalize)
-    g, = torch.autograd.grad((out * w).sum(), lk)
-    for k in range(K):
-        lg = la[k].clone().requires_grad_()
-        row = dirmult_ext.log_lik(counts, lg, normalize=normalize)
-        gk, = torch.autograd.grad((row * w[:, k]).sum(), lg)
-        assert torch.equal(out[:, k].detach(), row.detach())
-        assert torch.equal(g[k], gk)
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not (torch.cuda.is_available() and dirmult_ext.CUDA_KERNELS),
+                       reason="needs a CUDA device (runs in scripts/gpu/gpu_check.sh)"),
+]
 
 
 # CUDA, float32, long rows and few components (components_as_shared_forward
@@ -163,7 +57,7 @@ def test_cuda_long_rows_are_log_lik_per_component(B, V, K, grad_bits, count_dtyp
     ref = components_float64(counts, la.detach(), normalize)
     scale = ref.abs().amax(0).clamp_min(1.0)
     assert ((out.detach().double().cpu() - ref).abs() / scale).max() < 2e-6
-    _, g64 = weighted_component_grads(counts, la.detach().double(), w.double())
+    g64 = components_grad_float64(counts, la.detach(), w).to(g.device)
     assert ((g.double() - g64).abs() / g64.abs().amax(1, keepdim=True)).max() < 1e-5
 
 
@@ -206,7 +100,7 @@ def test_cuda_forced_components_way(tmp_path, way, B, V, K, rule_per_component):
     torch.save({"counts": counts, "la": la, "w": w}, tmp_path / "in.pt")
     code = ("import sys, torch, dirmult_ext\n"
             "sys.path.insert(0, sys.argv[3])\n"
-            "from test_component_tables import _forced_way_results, _kernels_launched\n"
+            "from test_cuda_components import _forced_way_results, _kernels_launched\n"
             "d = torch.load(sys.argv[1])\n"
             "args = d['counts'], d['la'], d['w']\n"
             "torch.save([_forced_way_results(*args), _kernels_launched(*args)], sys.argv[2])\n")
@@ -233,5 +127,5 @@ def test_cuda_forced_components_way(tmp_path, way, B, V, K, rule_per_component):
         ref = components_float64(counts, la, normalize)
         scale = ref.abs().amax(0).clamp_min(1.0)
         assert ((out.double().cpu() - ref).abs() / scale).max() < 2e-6
-    _, g64 = weighted_component_grads(counts, la.double(), w.double())
+    g64 = components_grad_float64(counts, la, w).to(forced[2].device)
     assert ((forced[2].double() - g64).abs() / g64.abs().amax(1, keepdim=True)).max() < 1e-5

@@ -6,8 +6,7 @@ import torch
 import dirmult_ext
 
 from reference import (cancelling_rows, component_magnitudes, components_float64,
-                       log_lik_float64, magnitudes, per_sample_grad_error)
-from test_values import random_counts
+                       log_lik_float64, magnitudes, per_sample_grad_error, random_counts)
 
 pytestmark = [
     pytest.mark.cuda,
