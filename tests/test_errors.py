@@ -15,7 +15,7 @@ from dirmult_ext import _checks, _ops
 
 from conftest import DEVICES
 
-from test_values import random_counts
+from reference import random_counts
 
 
 def test_wrong_ndim(device):

@@ -102,10 +102,10 @@ rc=$?
 # only where torch < 2.13, forced on: the tests of errors, autograd and the
 # fuzz cases once more through them (tests/test_errors.py forces them in
 # processes of its own in the run above too).
-say "pytest with DIRMULT_OP_CHECKS=python: test_errors test_fuzz test_autograd test_with_grad"
+say "pytest with DIRMULT_OP_CHECKS=python: test_errors test_fuzz test_log_lik test_log_lik_with_grad"
 DIRMULT_OP_CHECKS=python DIRMULT_EXPECT_INSTALLED_IN="$VENV" "$PY" -m pytest -q -p no:cacheprovider \
   -m "not cuda" "$ROOT/tests/test_errors.py" "$ROOT/tests/test_fuzz.py" \
-  "$ROOT/tests/test_autograd.py" "$ROOT/tests/test_with_grad.py" "$@"
+  "$ROOT/tests/test_log_lik.py" "$ROOT/tests/test_log_lik_with_grad.py" "$@"
 rc_checks=$?
 set -e
 say "cross-version test finished: pytest exit codes $rc (suite), $rc_checks (Python op checks)"
