@@ -135,7 +135,24 @@ def copy_package(dest: Path) -> Path:
             shutil.copy2(src, dst)
     shutil.copytree(PACKAGE, dest / "dirmult_ext", copy_function=link_or_copy,
                     ignore=shutil.ignore_patterns("__pycache__"))
+    # A checkout without an in-place build (CI installs the wheel): the
+    # installed package's native libraries.
+    if not list((dest / "dirmult_ext").glob("_C*.so")):
+        for lib in installed_natives():
+            os.symlink(lib, dest / "dirmult_ext" / lib.name)
     return dest
+
+
+def installed_natives() -> list:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    where = subprocess.run(
+        [sys.executable, "-c", "import importlib.util as u; "
+         "print(u.find_spec('dirmult_ext').submodule_search_locations[0])"],
+        env=env, cwd=tempfile.gettempdir(), capture_output=True, text=True).stdout.strip()
+    libs = sorted(Path(where).glob("_C*.so")) if where else []
+    if not libs:
+        sys.exit("mutation_check: no built dirmult_ext found (build in place or install the wheel)")
+    return libs
 
 
 def copy_sources(dest: Path) -> Path:
