@@ -228,7 +228,9 @@ class _LogLik(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        if ctx.grad_of_sum is not None and _is_uniform(grad):
+        # (create_graph: the backward op, differentiable; the precomputed
+        # gradient is a constant.)
+        if ctx.grad_of_sum is not None and _is_uniform(grad) and not torch.is_grad_enabled():
             return None, ctx.grad_of_sum * grad.reshape(-1)[0], None
         return _log_lik_backward(ctx, grad)
 
@@ -251,3 +253,7 @@ def call_log_lik(counts, log_alpha, normalize: bool):
 def call_log_lik_components(counts, log_alpha, normalize: bool):
     """dirmult::log_lik_components, by the eager fast path where it applies."""
     return _call(ops.log_lik_components.default, _Components, counts, log_alpha, normalize)
+
+
+# The backward ops' own autograd formulas (second derivatives).
+from . import _double_backward  # noqa: E402,F401
