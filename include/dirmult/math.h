@@ -4,6 +4,7 @@
 //
 //   lnpoch(a, n)  = lgamma(a + n) - lgamma(a)
 //   adpoch(a, n)  = a * (digamma(a + n) - digamma(a))
+//   tpoch(a, n)   = trigamma(a + n) - trigamma(a)  (second derivatives; at the end)
 //
 // because the naive lgamma/digamma differences lose all their digits in float32
 // once a is large (lgamma(1e6 + 1) - lgamma(1e6) is off by 6%), and because
@@ -550,10 +551,10 @@ DM_RARE_PATH T digamma(T x) {
 //   a2tpoch(a, n) = a^2 tpoch(a, n)         in [-max(1, n), 0]
 //   dadpoch(a, n) = d adpoch(a, n) / d log a = a2tpoch(a, n) + adpoch(a, n)
 //
-// Both are evaluated in float64 (float32 rounds the float64 result once):
-// the double backward's elementwise pass is a small part of its cost (the
-// torch ops around it read and write O(B V) tensors), and float64 keeps
-// every path's few cancelling steps below a float32 ulp.
+// Both are evaluated in float64 for either dtype (float32 rounds the float64
+// result once): the paths' few cancelling steps then stay far below a
+// float32 ulp, and their one caller, the double backward, is torch ops
+// around an elementwise pass rather than a fused kernel.
 //  * n an integer in [1, kMaxExactCount]: exact sums over k = 1 .. n - 1 of
 //    positive terms, r_k = a / (a + k), s_k = k / (a + k):
 //      a2tpoch = -1 - sum r_k^2,   dadpoch = sum r_k s_k.
