@@ -29,4 +29,7 @@ STABLE_TORCH_LIBRARY(dirmult, m) {
   // alpha = exp(log_alpha), in log_alpha's dtype: the shared math, exposed
   // for accuracy tests.
   m.def("poch_terms(Tensor log_alpha, Tensor n) -> (Tensor, Tensor)");
+  // Elementwise (alpha^2 tpoch(alpha, n), d[alpha dpoch(alpha, n)]/d log_alpha): the
+  // second-derivative terms of the double backward (See Note [Trigamma terms]).
+  m.def("tpoch_terms(Tensor log_alpha, Tensor n) -> (Tensor, Tensor)");
 }

@@ -4,6 +4,7 @@
 //
 //   lnpoch(a, n)  = lgamma(a + n) - lgamma(a)
 //   adpoch(a, n)  = a * (digamma(a + n) - digamma(a))
+//   tpoch(a, n)   = trigamma(a + n) - trigamma(a)  (second derivatives; at the end)
 //
 // because the naive lgamma/digamma differences lose all their digits in float32
 // once a is large (lgamma(1e6 + 1) - lgamma(1e6) is off by 6%), and because
@@ -541,6 +542,138 @@ DM_RARE_PATH T digamma(T x) {
     x += T(1);
   }
   return dm_log(x) - T(0.5) / x - digamma_correction(x) - shift;
+}
+
+// ---------------------------------------------------------------------------
+// Second derivatives (the double backward). See Note [Trigamma terms].
+//
+//   tpoch(a, n)   = psi1(a + n) - psi1(a)   (= -sum_{k<n} 1/(a+k)^2 for integer n)
+//   a2tpoch(a, n) = a^2 tpoch(a, n)         in [-max(1, n), 0]
+//   dadpoch(a, n) = d adpoch(a, n) / d log a = a2tpoch(a, n) + adpoch(a, n)
+//
+// Both are evaluated in float64 for either dtype (float32 rounds the float64
+// result once): the paths' few cancelling steps then stay far below a
+// float32 ulp, and their one caller, the double backward, is torch ops
+// around an elementwise pass rather than a fused kernel.
+//  * n an integer in [1, kMaxExactCount]: exact sums over k = 1 .. n - 1 of
+//    positive terms, r_k = a / (a + k), s_k = k / (a + k):
+//      a2tpoch = -1 - sum r_k^2,   dadpoch = sum r_k s_k.
+//  * a >= kTpochAsymptoticMin, any real n: the differences of the trigamma
+//    and digamma asymptotic series, each power difference written as
+//      (a + n)^-j - a^-j = -a^-j w G_j(u),  w = n/(a+n), u = a/(a+n),
+//      G_j(u) = 1 + u + ... + u^(j-1),
+//    so that nothing cancels but what cancels analytically:
+//      a2tpoch = -w [a + (1 + u)/2 + sum_k B_2k a^(1-2k) G_(2k+1)(u)]
+//      dadpoch = a f(w) - w u / 2 - w sum_k B_2k a^(1-2k) H_k(u)
+//    with f(w) = -log(1 - w) - w (a series in z = w / (2 - w) for w <= 1/2)
+//    and H_k = G_(2k+1) - G_(2k) / (2k) (positive coefficients).
+//  * a < kTpochAsymptoticMin, non-integer or large n: shift a up by m steps,
+//    rho = a / (a + m), with p_k = (a+k)/(a+n+k), q_k = n/(a+n+k):
+//      a2tpoch(a, n) = rho^2 a2tpoch(a+m, n) - sum_{k<m} r_k^2 q_k (1 + p_k)
+//      dadpoch(a, n) = rho dadpoch(a+m, n) - rho (1 - rho) a2tpoch(a+m, n)
+//                      + sum_{k<m} r_k q_k (k (n+k) - a^2) / ((a+k)(a+n+k))
+//    (the k = 0 terms, -n (2a+n)/(a+n)^2 and -a n/(a+n)^2, have no 1/a^2).
+// ---------------------------------------------------------------------------
+
+// Series through B_14 at x >= 16: the first term left out (B_16) is below
+// 1e-17 of either result.
+constexpr double kTpochAsymptoticMin = 16.0;
+
+struct TpochTerms {
+  double a2tpoch;
+  double dadpoch;
+};
+
+// (The k >= 1 terms are summed before the k = 0 term, -1, is added: for
+// small a they are far below it, and adding each to -1 would round each.)
+DM_HOST_DEVICE TpochTerms tpoch_terms_exact(double a, int n) {
+  double t = 0.0, d = 0.0;
+  for (int k = 1; k < n; ++k) {
+    const double inv = 1.0 / (a + k);
+    const double r = a * inv, s = k * inv;
+    t += r * r;
+    d += r * s;
+  }
+  return {-(1.0 + t), d};
+}
+
+// f(w) = -log(1 - w) - w, w in [0, 1), from n and a + n directly.
+DM_HOST_DEVICE double log1m_excess(double w, double u, double z) {
+  if (w > 0.5) return -dm_log(u) - w;
+  // -log(1 - w) = 2 atanh(z): f = w z + 2 (z^3/3 + z^5/5 + ...), z <= 1/3.
+  const double z2 = z * z;
+  double term = z * z2, sum = 0.0;
+  for (int k = 3; k < 80; k += 2) {
+    const double piece = term / k;
+    sum += piece;
+    if (piece <= 1e-18 * sum) break;
+    term *= z2;
+  }
+  return w * z + 2.0 * sum;
+}
+
+DM_HOST_DEVICE TpochTerms tpoch_terms_asymptotic(double a, double n) {
+  // B_2k for k = 1 .. 7.
+  constexpr double kB[7] = {1.0 / 6, -1.0 / 30, 1.0 / 42, -1.0 / 30, 5.0 / 66, -691.0 / 2730,
+                            7.0 / 6};
+  const double an = a + n;
+  const double w = n / an, u = a / an, z = n / (a + an);
+  const double inv_a2 = 1.0 / (a * a);
+  // G_j(u) for j = 2k and 2k + 1, built up as k grows.
+  double g = 1.0 + u, upow = u * u;  // G_2, u^2
+  double st = 0.0, sd = 0.0, scale = 1.0 / a;  // scale = a^(1 - 2k)
+  for (int k = 1; k <= 7; ++k) {
+    const double g_even = g;         // G_2k
+    const double g_odd = g + upow;   // G_(2k+1)
+    st += kB[k - 1] * scale * g_odd;
+    sd += kB[k - 1] * scale * (g_odd - g_even / (2 * k));
+    g = g_odd + upow * u;            // G_(2k+2)
+    upow *= u * u;
+    scale *= inv_a2;
+  }
+  const double a2t = -w * ((a + 0.5 * (1.0 + u)) + st);
+  const double dad = (a * log1m_excess(w, u, z) - 0.5 * w * u) - w * sd;
+  return {a2t, dad};
+}
+
+DM_RARE_PATH TpochTerms tpoch_terms_general(double a, double n) {
+  if (a >= kTpochAsymptoticMin) return tpoch_terms_asymptotic(a, n);
+  const int m = static_cast<int>(dm_ceil(kTpochAsymptoticMin - a));
+  const double am = a + m;
+  const TpochTerms up = tpoch_terms_asymptotic(am, n);
+  const double rho = a / am, one_m_rho = m / am;
+  // The terms summed from the smallest (the shifted value, k = m - 1) to
+  // the largest for small a, k = 0 (with r_0 = 1 taken out, so that a = 0
+  // gives the limit rather than 0/0).
+  const double an = a + n;
+  double t = -rho * rho * up.a2tpoch;
+  double d = rho * up.dadpoch - rho * one_m_rho * up.a2tpoch;
+  for (int k = m - 1; k >= 1; --k) {
+    const double ak = a + k, ank = an + k;
+    const double r = a / ak, q = n / ank, p = ak / ank;
+    t += r * r * q * (1.0 + p);
+    d += r * q * ((k * (n + k) - a * a) / (ak * ank));
+  }
+  const double q0 = n / an, p0 = a / an;
+  return {-(q0 * (1.0 + p0) + t), d - q0 * p0};
+}
+
+// (a2tpoch(a, n), dadpoch(a, n)) with a = exp(log_a), n >= 0 (NaN for an
+// invalid n).
+template <typename T>
+DM_HOST_DEVICE TpochTerms tpoch_terms(T log_a, T n) {
+  if (n == T(0)) return {0.0, 0.0};
+  if (!is_valid_count(n)) return {NAN, NAN};
+  const double a = dm_exp(static_cast<double>(log_a)), nd = static_cast<double>(n);
+  if (is_exact_count(n)) return tpoch_terms_exact(a, static_cast<int>(n));
+  return tpoch_terms_general(a, nd);
+}
+
+// tpoch(a, n) itself (-> -1/a^2 as a -> 0: overflows float32 below a ~ 1e-19).
+template <typename T>
+DM_HOST_DEVICE T tpoch(T log_a, T n) {
+  const double a = dm_exp(static_cast<double>(log_a));
+  return static_cast<T>(tpoch_terms(log_a, n).a2tpoch / (a * a));
 }
 
 }  // namespace dirmult

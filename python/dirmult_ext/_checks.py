@@ -191,14 +191,22 @@ def op_log_lik_components_backward(grad, counts, log_alpha, *_):
         _fail("grad must have log_alpha's dtype")
 
 
-def op_poch_terms(log_alpha, n, *_):
+def _elementwise_terms(op, log_alpha, n):
     _dense(log_alpha, "log_alpha")
     _dense(n, "n")
     if log_alpha.dtype not in COMPUTE_DTYPES or n.dtype != log_alpha.dtype:
-        _fail("poch_terms takes float32/float64 log_alpha and n of one dtype")
+        _fail(f"{op} takes float32/float64 log_alpha and n of one dtype")
     if log_alpha.numel() != n.numel():
-        _fail("poch_terms needs log_alpha and n of one size")
+        _fail(f"{op} needs log_alpha and n of one size")
     _same_device(log_alpha, "log_alpha", n, "n")
+
+
+def op_poch_terms(log_alpha, n, *_):
+    _elementwise_terms("poch_terms", log_alpha, n)
+
+
+def op_tpoch_terms(log_alpha, n, *_):
+    _elementwise_terms("tpoch_terms", log_alpha, n)
 
 
 OP_CHECKS = {
@@ -208,4 +216,5 @@ OP_CHECKS = {
     "log_lik_components": op_log_lik_components,
     "log_lik_components_backward": op_log_lik_components_backward,
     "poch_terms": op_poch_terms,
+    "tpoch_terms": op_tpoch_terms,
 }

@@ -287,7 +287,10 @@ class _LogLik(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        if ctx.grad_of_sum is not None and _is_uniform(grad):
+        # Under create_graph the backward op, which is differentiable, instead
+        # of the precomputed gradient (a constant to autograd).
+        if (ctx.grad_of_sum is not None and _is_uniform(grad)
+                and not torch.is_grad_enabled()):
             return None, ctx.grad_of_sum * grad.reshape(-1)[0], None, None
         return _log_lik_backward(ctx, grad) + (None,)
 
@@ -356,3 +359,7 @@ def call_log_lik_components(counts, log_alpha, normalize: bool):
 @torch.library.register_fake("dirmult::poch_terms")
 def _poch_terms_fake(log_alpha, n):
     return torch.empty_like(log_alpha), torch.empty_like(log_alpha)
+
+
+# The backward ops' own autograd formulas (second derivatives) and tpoch_terms.
+from . import _double_backward  # noqa: E402,F401

@@ -29,6 +29,7 @@
 #include "per_sample_avx2.h"
 #include "shared_rows_avx2.h"
 #include "components_cpu.h"
+#include "tpoch_terms_cpu.h"
 
 namespace dirmult {
 namespace {
@@ -1106,4 +1107,5 @@ STABLE_TORCH_LIBRARY_IMPL(dirmult, CPU, m) {
          DM_BOX(&dirmult::log_lik_components_backward_cpu));
   m.impl("log_lik_with_grad", DM_BOX(&dirmult::log_lik_with_grad_cpu));
   m.impl("poch_terms", DM_BOX(&dirmult::poch_terms_cpu));
+  m.impl("tpoch_terms", DM_BOX(&dirmult::tpoch_terms_cpu));
 }

@@ -15,8 +15,8 @@ namespace cuda {
 std::tuple<Tensor, Tensor> poch_terms_cuda(Tensor alpha, Tensor n) {
   STD_TORCH_CHECK(is_compute_dtype(alpha.scalar_type()) && n.scalar_type() == alpha.scalar_type(),
                   "dirmult: poch_terms takes float32/float64 log_alpha and n of one dtype");
-  STD_TORCH_CHECK(alpha.numel() == n.numel(), "dirmult: poch_terms needs alpha and n of one size");
-  check_same_device(alpha, "alpha", n, "n");
+  STD_TORCH_CHECK(alpha.numel() == n.numel(), "dirmult: poch_terms needs log_alpha and n of one size");
+  check_same_device(alpha, "log_alpha", n, "n");
   torch::stable::accelerator::DeviceGuard guard(alpha.get_device_index());
   alpha = as_contiguous(alpha);
   n = as_contiguous(n);
