@@ -44,11 +44,14 @@ def _opcheck_cases(op, device):
         "poch_terms": [(torch.randn(10, device=device), torch.rand(10, device=device) * 20),
                        (torch.randn(10, device=device).double(),
                         torch.randint(0, 17, (10,), device=device).double())],
+        "tpoch_terms": [(torch.randn(10, device=device), torch.rand(10, device=device) * 20),
+                        (torch.randn(10, device=device).double(),
+                         torch.randint(0, 17, (10,), device=device).double())],
     }[op]
 
 
 OPS = ["log_lik", "log_lik_backward", "log_lik_with_grad", "log_lik_components",
-       "log_lik_components_backward", "poch_terms"]
+       "log_lik_components_backward", "poch_terms", "tpoch_terms"]
 
 
 def test_every_op_is_checked():

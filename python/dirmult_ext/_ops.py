@@ -181,6 +181,14 @@ def _run(op, keys, *args):
         return op._handle.redispatch_boxed(keys, *args)
 
 
+def _run_backward(op, ctx, *args):
+    """A backward op: below Autograd as _run, except under create_graph,
+    where it goes through its own autograd formula (second derivatives)."""
+    if torch.is_grad_enabled():
+        return op(*args)
+    return _run(op, _backward_keys(ctx), *args)
+
+
 def _backward_keys(ctx):
     """The forward's kernel keys if nothing intercepts the backward either."""
     keys = ctx.kernel_keys
@@ -232,8 +240,8 @@ def _log_lik_backward(ctx, grad):
     """The formula, for the registered op and the fast path alike."""
     counts, log_alpha = ctx.saved_tensors
     need_counts = bool(ctx.needs_input_grad[0])
-    grad_la, grad_counts = _run(ops.log_lik_backward.default, _backward_keys(ctx),
-                                grad.contiguous(), counts, log_alpha, ctx.normalize, need_counts)
+    grad_la, grad_counts = _run_backward(ops.log_lik_backward.default, ctx,
+                                         grad.contiguous(), counts, log_alpha, ctx.normalize, need_counts)
     return (grad_counts.to(counts.dtype) if need_counts else None,
             grad_la if ctx.needs_input_grad[1] else None,
             None)
@@ -324,8 +332,8 @@ def _components_backward(ctx, grad):
     if ctx.needs_input_grad[0]:
         raise NotImplementedError(
             "dirmult: log_lik_components has no gradient with respect to counts")
-    grad_la = _run(ops.log_lik_components_backward.default, _backward_keys(ctx),
-                   grad.contiguous(), counts, log_alpha)
+    grad_la = _run_backward(ops.log_lik_components_backward.default, ctx,
+                            grad.contiguous(), counts, log_alpha)
     return None, grad_la, None
 
 
