@@ -6,6 +6,7 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
+from . import sparse as _sparse
 from ._ops import call_log_lik, call_log_lik_components
 
 COUNT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16,
@@ -118,6 +119,9 @@ def log_lik(counts: Tensor, log_alpha: Optional[Tensor] = None, *,
     if (log_alpha is None) == (alpha is None):
         raise ValueError("pass exactly one of log_alpha and alpha")
     _check_reduction(reduction)
+    if _sparse.is_sparse_input(counts):
+        return _reduce(_sparse.log_lik(counts, log_alpha, alpha, normalize=normalize,
+                                       validate=validate), reduction)
     name = "log_alpha"
     if alpha is not None:
         _check_inputs(counts, alpha, "alpha")
@@ -160,6 +164,8 @@ def log_lik_components(counts: Tensor, log_alpha: Tensor, *,
         set before import, forces one way for float32. On CPU, always the
         latter.
     """
+    if _sparse.is_sparse_input(counts):
+        return _sparse.log_lik_components(counts, log_alpha, normalize=normalize)
     _check_inputs(counts, log_alpha)
     if counts.dim() != 2:
         raise ValueError(f"counts must be (B, V), got shape {tuple(counts.shape)}")
