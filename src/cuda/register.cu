@@ -41,6 +41,11 @@ std::tuple<Tensor, Tensor> poch_terms_cuda(Tensor alpha, Tensor n) {
   return {lnp, adp};
 }
 
+// Defined in log_lik_csr_cuda.cu.
+Tensor log_lik_csr_cuda(Tensor crow, Tensor col, Tensor val, Tensor log_alpha, bool normalize);
+Tensor log_lik_csr_backward_cuda(Tensor grad, Tensor crow, Tensor val, Tensor csc_ptr,
+                                 Tensor csc_row, Tensor csc_val, Tensor log_alpha);
+
 }  // namespace cuda
 }  // namespace dirmult
 
@@ -51,4 +56,6 @@ STABLE_TORCH_LIBRARY_IMPL(dirmult, CUDA, m) {
   m.impl("log_lik_components_backward", DM_BOX(&dirmult::cuda::log_lik_components_backward_cuda));
   m.impl("log_lik_with_grad", DM_BOX(&dirmult::cuda::log_lik_with_grad_cuda));
   m.impl("poch_terms", DM_BOX(&dirmult::cuda::poch_terms_cuda));
+  m.impl("log_lik_csr", DM_BOX(&dirmult::cuda::log_lik_csr_cuda));
+  m.impl("log_lik_csr_backward", DM_BOX(&dirmult::cuda::log_lik_csr_backward_cuda));
 }
