@@ -25,6 +25,7 @@ from torch.distributions import Distribution, constraints
 from torch.distributions.utils import lazy_property
 
 from .api import log_lik
+from .sparse import is_sparse_input, sparse_log_prob
 
 __all__ = ["DirichletMultinomial", "MultinomialCounts"]
 
@@ -190,7 +191,11 @@ class DirichletMultinomial(Distribution):
     # -- log_prob ------------------------------------------------------------
     def log_prob(self, value: Tensor) -> Tensor:
         """Normalized log pmf; ``value`` ``(..., V)`` broadcasting against
-        ``batch_shape + (V,)``; returns the broadcast leading shape."""
+        ``batch_shape + (V,)``; returns the broadcast leading shape. Sparse
+        ``(B, V)`` counts (see :func:`dirmult_ext.log_lik`) take a
+        distribution of batch_shape ``()`` and return ``(B,)``."""
+        if is_sparse_input(value):
+            return sparse_log_prob(self, value)
         if not isinstance(value, Tensor):
             value = torch.as_tensor(value)
         if self._validate_args:

@@ -14,6 +14,7 @@ grad) raises ``ValueError``.
 """
 from __future__ import annotations
 
+import warnings
 import weakref
 from typing import Optional, Tuple
 
@@ -203,27 +204,63 @@ class SparseCounts:
             raise ValueError(f"counts must be (B, V), got shape {tuple(counts.shape)}")
         return cls.from_torch(counts.detach().to_sparse_csr(), validate=False)
 
-    def to(self, device) -> "SparseCounts":
+    @classmethod
+    def _of_parts(cls, crow, col, values, shape, count_dtype) -> "SparseCounts":
+        out = cls.__new__(cls)
+        out.count_dtype = count_dtype
+        out.crow_indices, out.col_indices, out.values = crow, col, values
+        out.shape = tuple(shape)
+        out._csc = None
+        return out
+
+    def to(self, device, non_blocking: bool = False) -> "SparseCounts":
         """The same matrix on ``device`` (the column-sorted copy too, if built)."""
         device = torch.device(device)
         if device == self.device:
             return self
-        out = SparseCounts.__new__(SparseCounts)
-        out.count_dtype = self.count_dtype
-        out.crow_indices = self.crow_indices.to(device)
-        out.col_indices = self.col_indices.to(device)
-        out.values = self.values.to(device)
-        out.shape = self.shape
-        out._csc = None
+        out = SparseCounts._of_parts(
+            *(t.to(device, non_blocking=non_blocking)
+              for t in (self.crow_indices, self.col_indices, self.values)),
+            self.shape, self.count_dtype)
         if self._csc is not None:
-            out._csc = tuple(t.to(device) for t in self._csc)
+            out._csc = tuple(t.to(device, non_blocking=non_blocking) for t in self._csc)
             _remember_csc(out)
         return out
 
+    def __getitem__(self, rows) -> "SparseCounts":
+        """Rows ``s:e`` (a slice of step 1) as SparseCounts; the whole range
+        is this object itself (with its column-sorted copy)."""
+        if not isinstance(rows, slice) or rows.step not in (None, 1):
+            raise TypeError("SparseCounts takes row slices s:e (step 1) only")
+        B = self.shape[0]
+        s, e, _ = rows.indices(B)
+        e = max(s, e)
+        if s == 0 and e == B:
+            return self
+        j0, j1 = int(self.crow_indices[s]), int(self.crow_indices[e])
+        crow = self.crow_indices[s:e + 1] - j0
+        return SparseCounts._of_parts(crow, self.col_indices[j0:j1], self.values[j0:j1],
+                                      (e - s, self.shape[1]), self.count_dtype)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def coo(self) -> Tuple[Tensor, Tensor, Tensor]:
+        """(rows, columns) int64 and values float64 of the stored values, in
+        row-major order."""
+        return (_row_of_nonzero(self.crow_indices, self.nnz), self.col_indices.long(),
+                self.values.double())
+
+    def proportions(self, N: Tensor) -> Tensor:
+        """The rows' proportions n / N as a torch sparse CSR float64 tensor
+        (rows with N = 0 stay empty)."""
+        rows = _row_of_nonzero(self.crow_indices, self.nnz)
+        x = self.values.double() / N.clamp_min(1e-300)[rows]
+        return _csr_tensor(self.crow_indices, self.col_indices, x, self.shape)
+
     def to_torch(self) -> Tensor:
         """A torch sparse CSR tensor sharing these parts."""
-        return torch.sparse_csr_tensor(self.crow_indices, self.col_indices, self.values,
-                                       self.shape)
+        return _csr_tensor(self.crow_indices, self.col_indices, self.values, self.shape)
 
     def to_dense(self) -> Tensor:
         return self.to_torch().to_dense()
@@ -296,6 +333,12 @@ def _check_structure(crow: Tensor, col: Tensor, shape) -> None:
                                                           device=crow.device), right=True)) - 1
             raise ValueError(f"col_indices must be {what} within each row: row {b} has "
                              f"column {int(col[j - 1])} then {int(col[j])}")
+
+
+def _csr_tensor(crow, col, values, shape) -> Tensor:
+    with warnings.catch_warnings():  # (torch's "sparse CSR support is in beta")
+        warnings.simplefilter("ignore")
+        return torch.sparse_csr_tensor(crow, col, values, tuple(shape), check_invariants=False)
 
 
 # ------------------------------------------------------- the column-sorted copy
@@ -438,3 +481,55 @@ def log_lik_components(counts, log_alpha: Tensor, *, normalize: bool = False,
     if log_alpha.dim() != 2 or log_alpha.shape[1] != V:
         raise ValueError(f"log_alpha must be (K, {V}), got {tuple(log_alpha.shape)}")
     return ops.log_lik_csr(sc.crow_indices, sc.col_indices, sc.values, log_alpha, normalize)
+
+
+# ---------------------------------------------------------- fitting's moments
+def fit_moments(sc: SparseCounts, wb: Tensor):
+    """The per-batch pieces of fit's prepass from the nonzeros, for row
+    weights wb (b, K): N (b,) row totals, the count of bad values, the (K, V)
+    weighted sums of the proportions n / N and of their squares (rows with N
+    > 0), and c (b,) = log N! - sum_v log n_v!, all float64."""
+    rows, cols, c = sc.coo()
+    B, V = sc.shape
+    bad = (~torch.isfinite(c)).sum() + (c < 0).sum()
+    N = torch.zeros(B, dtype=torch.float64, device=c.device).index_add_(0, rows, c)
+    x = c / N.clamp_min(1e-300)[rows]
+    wp = wb * (N > 0).unsqueeze(-1)
+    sums = []
+    for values in (x, x * x):
+        X = _csr_tensor(sc.crow_indices, sc.col_indices, values, (B, V))
+        sums.append((X.t() @ wp).T if B > 0 else wp.new_zeros(wp.shape[1], V))
+    lg = torch.zeros(B, dtype=torch.float64, device=c.device).index_add_(
+        0, rows, torch.lgamma(c + 1))
+    return N, bad, sums[0], sums[1], torch.lgamma(N + 1) - lg
+
+
+def sq_distances(x: Tensor, centers: Tensor) -> Tensor:
+    """(b, K) squared distances between the rows of a sparse CSR tensor x and
+    dense centers (K, V): |x|^2 - 2 x . c + |c|^2, clamped at 0."""
+    x2 = torch.zeros(x.shape[0], dtype=x.dtype, device=x.device)
+    crow = x.crow_indices()
+    x2 = x2.index_add_(0, _row_of_nonzero(crow, x.values().numel()), x.values() ** 2)
+    cross = x @ centers.T
+    return (x2.unsqueeze(-1) - 2 * cross + (centers * centers).sum(-1)).clamp_min(0)
+
+
+def sparse_log_prob(dist, value) -> Tensor:
+    """DirichletMultinomial.log_prob of sparse (B, V) counts: the normalized
+    pmf of each row, for a distribution of batch_shape () (one concentration
+    vector). With the distribution's validate_args, the values must be
+    non-negative integers and each row must sum to total_count (if set)."""
+    la = dist.log_concentration
+    if la.dim() != 1:
+        raise ValueError("sparse counts take a DirichletMultinomial of batch_shape () (one "
+                         f"concentration vector); this one has batch_shape "
+                         f"{tuple(dist.batch_shape)}: index it, or densify the counts")
+    sc = as_sparse_counts(value)
+    if dist._validate_args:
+        v = sc.values
+        if not bool(((v >= 0) & (v == v.floor())).all()):
+            raise ValueError("the sparse counts must be non-negative integers")
+        if dist.total_count is not None and not bool(
+                (sc.row_totals() == dist.total_count.double()).all()):
+            raise ValueError("each row of the sparse counts must sum to total_count")
+    return log_lik(sc, la, normalize=True)
