@@ -406,3 +406,94 @@ def test_torchscript_of_csr_parts(device):
     la = la.detach()
     expected = -dirmult_ext.log_lik(SparseCounts(crow, col, val, (10, 14)), la).mean()
     torch.testing.assert_close(scripted_csr_nll(crow, col, val, la), expected)
+
+
+# ------------------------------------------------------------------ fitting
+def _sparse_mixture_data(B, V, K, seed):
+    """Rows from K components, each with alpha 2 on its own block of V // K
+    categories and 0.03 elsewhere (most counts zero); totals 20..39."""
+    from dirmult_ext.distribution import DirichletMultinomial
+    torch.manual_seed(seed)
+    alpha = torch.full((K, V), 0.03, dtype=torch.float64)
+    for k in range(K):
+        alpha[k, k * (V // K):(k + 1) * (V // K)] = 2.0
+    z = torch.randint(0, K, (B,))
+    x = DirichletMultinomial(torch.randint(20, 40, (B,)), alpha[z]).sample().float()
+    return x, z, alpha
+
+
+def test_fit_on_sparse_equals_dense(device):
+    x, _, alpha = _sparse_mixture_data(3000, 40, 1, seed=11)
+    assert (x == 0).double().mean() > 0.5
+    dense = dirmult_ext.fit(x.to(device))
+    for form in (x.to_sparse_csr(), SparseCounts.from_dense(x.to(device))):
+        r = dirmult_ext.fit(form, device=device)
+        assert r.converged
+        torch.testing.assert_close(r.log_alpha, dense.log_alpha, rtol=0, atol=1e-7)
+        assert abs(r.log_lik - dense.log_lik) <= 1e-9 * abs(dense.log_lik)
+    assert ((dense.alpha - alpha[0]) / alpha[0]).abs().max() < 0.25  # the truth
+    streamed = dirmult_ext.fit(scipy_sparse.csr_matrix(x.numpy()), batch_size=700, device=device)
+    torch.testing.assert_close(streamed.log_alpha, dense.log_alpha, rtol=0, atol=1e-7)
+    w = torch.rand(3000, dtype=torch.float64)
+    torch.testing.assert_close(dirmult_ext.fit(x.to_sparse(), weights=w, device=device).log_alpha,
+                               dirmult_ext.fit(x, weights=w, device=device).log_alpha,
+                               rtol=0, atol=1e-7)
+
+
+def test_mixture_and_classifier_on_sparse(device):
+    from dirmult_ext.mixture import adjusted_rand_index
+    K = 3
+    x, z, _ = _sparse_mixture_data(900, 45, K, seed=5)
+    sparse = x.to_sparse_csr()
+    m = dirmult_ext.fit_mixture(sparse, K, seed=2, device=device, progress=False)
+    m_dense = dirmult_ext.fit_mixture(x, K, seed=2, device=device, progress=False)
+    assert m.converged
+    assert abs(m.log_lik - m_dense.log_lik) <= 1e-8 * abs(m_dense.log_lik)
+    assert adjusted_rand_index(m.predict(sparse).cpu(), z) > 0.9
+    torch.testing.assert_close(m.joint_log_lik(sparse), m.joint_log_lik(x), rtol=1e-6, atol=1e-6)
+    clf = dirmult_ext.DMClassifier(device=device).fit(scipy_sparse.csr_matrix(x.numpy()), z)
+    clf_dense = dirmult_ext.DMClassifier(device=device).fit(x, z)
+    torch.testing.assert_close(clf.log_alpha_, clf_dense.log_alpha_, rtol=0, atol=1e-7)
+    assert clf.score(sparse, z) == clf_dense.score(x, z) and clf.score(sparse, z) > 0.9
+
+
+def test_distribution_log_prob_of_sparse_counts(device):
+    from dirmult_ext.distribution import DirichletMultinomial
+    d = DirichletMultinomial(torch.tensor(15.0), torch.rand(20, dtype=torch.float64) + 0.1,
+                             validate_args=True)
+    x = d.sample((60,))
+    x = x.to(device)
+    d = DirichletMultinomial(torch.tensor(15.0, dtype=torch.float64, device=device),
+                             d.concentration.to(device), validate_args=True)
+    torch.testing.assert_close(d.log_prob(x.to_sparse_csr()), d.log_prob(x))
+    bad = x.clone()
+    bad[0, 0] += 1
+    with pytest.raises(ValueError, match="sum to total_count"):
+        d.log_prob(bad.to_sparse_csr())
+    batched = DirichletMultinomial(None, torch.rand(3, 20, device=device) + 0.1)
+    with pytest.raises(ValueError, match="batch_shape"):
+        batched.log_prob(x.to_sparse_csr())
+
+
+def test_load_counts_sparse(tmp_path):
+    import scipy.io
+    from dirmult_ext.io import load_counts
+    x = random_sparse_counts(30, 12, 0.2).round().numpy()
+    scipy.io.mmwrite(str(tmp_path / "x.mtx"), scipy_sparse.coo_matrix(x))
+    scipy_sparse.save_npz(tmp_path / "x.npz", scipy_sparse.csr_matrix(x))
+    np.save(tmp_path / "x.npy", x)
+    for name in ("x.mtx", "x.npz", "x.npy"):
+        sc = load_counts(tmp_path / name, sparse=True)
+        assert isinstance(sc, SparseCounts) and sc.shape == x.shape, name
+        assert sc.values.dtype == torch.float32
+        np.testing.assert_array_equal(sc.to_dense().numpy(), x, err_msg=name)
+    assert load_counts(tmp_path / "x.mtx", sparse=True, dtype=torch.float64).values.dtype \
+        == torch.float64
+    x[4, 5] = -2.0
+    scipy_sparse.save_npz(tmp_path / "bad.npz", scipy_sparse.csr_matrix(x))
+    with pytest.raises(ValueError, match="negative count -2.0 at row 4, column 5"):
+        load_counts(tmp_path / "bad.npz", sparse=True)
+    x[4, 5] = 2.5
+    scipy_sparse.save_npz(tmp_path / "frac.npz", scipy_sparse.csr_matrix(x))
+    with pytest.raises(ValueError, match="non-integer count 2.5"):
+        load_counts(tmp_path / "frac.npz", sparse=True, require_integer=True)

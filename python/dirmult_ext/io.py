@@ -12,7 +12,9 @@ Formats, chosen by file name suffix:
 * ``.mtx`` (optionally ``.gz``): Matrix Market, read with ``scipy.io.mmread``.
 
 Every loader returns a dense ``(B, V)`` float32 torch tensor (float64 on
-request), after checking that the values are finite and non-negative.
+request), after checking that the values are finite and non-negative; with
+``sparse=True`` a :class:`dirmult_ext.SparseCounts` instead (``.mtx`` and
+scipy-sparse ``.npz`` files are then read without densifying).
 """
 from __future__ import annotations
 
@@ -109,8 +111,58 @@ def _read_any(path: str, key: Optional[str]) -> np.ndarray:
                      ".csv, .tsv, .txt (optionally .gz) or .mtx")
 
 
+def _read_sparse(path: str, key: Optional[str]):
+    """The file as a scipy.sparse CSR matrix: sparse formats as stored, the
+    others converted from their dense array."""
+    import scipy.sparse
+    suf = _suffix(path)
+    try:
+        if suf in (".mtx", ".mtx.gz"):
+            import scipy.io
+            m = scipy.io.mmread(path)
+        elif suf == ".npz" and key is None:
+            with np.load(path, allow_pickle=False) as z:
+                stored_sparse = "format" in z.files and "shape" in z.files
+            m = scipy.sparse.load_npz(path) if stored_sparse else _read_any(path, key)
+        else:
+            m = _read_any(path, key)
+    except (OSError, EOFError) as e:
+        raise ValueError(f"{path}: cannot read ({e})") from None
+    if not scipy.sparse.issparse(m):
+        m = np.asarray(m)
+        if m.ndim != 2:
+            raise ValueError(f"{path}: expected a 2-D (rows, categories) matrix, got "
+                             f"{m.ndim}-D shape {m.shape}")
+    return scipy.sparse.csr_matrix(m)
+
+
+def _load_sparse(path: str, dtype: torch.dtype, key: Optional[str], require_integer: bool):
+    from .sparse import SparseCounts
+    m = _read_sparse(path, key)
+    m.sum_duplicates()
+    if m.shape[0] == 0 or m.shape[1] == 0:
+        raise ValueError(f"{path}: empty matrix of shape {m.shape}")
+    if not (np.issubdtype(m.dtype, np.number) or m.dtype == np.bool_) or \
+            np.iscomplexobj(m.data):
+        raise ValueError(f"{path}: expected real numeric counts, got dtype {m.dtype}")
+    data = m.data.astype(np.float64, copy=False)
+    rows = np.repeat(np.arange(m.shape[0]), np.diff(m.indptr))
+    for bad, what in ((~np.isfinite(data), "non-finite value"), (data < 0, "negative count"),
+                      ((data != np.floor(data)) if require_integer else None,
+                       "non-integer count")):
+        if bad is not None and bad.any():
+            j = int(np.argmax(bad))
+            raise ValueError(f"{path}: {what} {data[j]} at row {rows[j]}, column "
+                             f"{m.indices[j]} ({int(bad.sum())} in all)")
+    if dtype == torch.float32 and data.size and data.max() > _EXACT_FLOAT32:
+        raise ValueError(f"{path}: counts up to {data.max():.0f} exceed 2^24 and are not "
+                         "exact in float32; pass dtype=torch.float64")
+    m.data = data.astype(np.float32 if dtype == torch.float32 else np.float64)
+    return SparseCounts.from_scipy(m)
+
+
 def load_counts(path, *, dtype: torch.dtype = torch.float32, key: Optional[str] = None,
-                require_integer: bool = False) -> Tensor:
+                require_integer: bool = False, sparse: bool = False):
     """Read a count matrix.
 
     Args:
@@ -118,9 +170,13 @@ def load_counts(path, *, dtype: torch.dtype = torch.float32, key: Optional[str] 
         dtype: ``torch.float32`` (default) or ``torch.float64``.
         key: array name inside a multi-array ``.npz``.
         require_integer: also reject non-integer values.
+        sparse: return a :class:`dirmult_ext.SparseCounts` (values of
+            ``dtype``), read without densifying from ``.mtx`` and
+            scipy-sparse ``.npz`` files; other formats are read dense and
+            converted.
 
     Returns:
-        ``(B, V)`` dense tensor of ``dtype``.
+        ``(B, V)`` dense tensor of ``dtype``, or SparseCounts with ``sparse``.
 
     Raises:
         FileNotFoundError: no such file.
@@ -133,6 +189,8 @@ def load_counts(path, *, dtype: torch.dtype = torch.float32, key: Optional[str] 
         raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path}: no such file")
+    if sparse:
+        return _load_sparse(path, dtype, key, require_integer)
     arr = np.asarray(_read_any(path, key))
     if arr.dtype == object or not (np.issubdtype(arr.dtype, np.number)
                                    or arr.dtype == np.bool_):
