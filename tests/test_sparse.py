@@ -354,8 +354,10 @@ def _op_args(device, K=None, index=torch.int64, compute=torch.float32):
     dense = random_sparse_counts(10, 14, 0.3).to(device)
     dense[4] = 0.0
     csr = dense.to_sparse_csr()
-    crow, col = csr.crow_indices().to(index), csr.col_indices().to(index)
-    val = csr.values().to(compute)
+    # (Clones: views of a sparse tensor's parts trip torch's tracing, see
+    # test_compile_fullgraph_dynamic_nonzeros.)
+    crow, col = csr.crow_indices().to(index).clone(), csr.col_indices().to(index).clone()
+    val = csr.values().to(compute).clone()
     shape = (14,) if K is None else (K, 14)
     la = torch.randn(shape, dtype=compute, device=device, requires_grad=True)
     return crow, col, val, la
@@ -382,8 +384,9 @@ def test_compile_fullgraph_dynamic_nonzeros(device):
     for density in (0.2, 0.5, 0.05):
         dense = random_sparse_counts(9, 14, density).to(device)
         csr = dense.to_sparse_csr()
-        # (Clones: views of a sparse tensor break dynamo's automatic-dynamic
-        # bookkeeping in torch 2.14, an IndexError on their strides.)
+        # (Clones: views of a sparse tensor's parts break dynamo's
+        # automatic-dynamic bookkeeping in torch 2.14, an IndexError on their
+        # strides; export meets aten.as_strided on them.)
         parts = (csr.crow_indices().clone(), csr.col_indices().clone(), csr.values().clone())
         la = torch.randn(14, device=device, requires_grad=True)
         out = compiled(*parts, la)
@@ -497,3 +500,25 @@ def test_load_counts_sparse(tmp_path):
     scipy_sparse.save_npz(tmp_path / "frac.npz", scipy_sparse.csr_matrix(x))
     with pytest.raises(ValueError, match="non-integer count 2.5"):
         load_counts(tmp_path / "frac.npz", sparse=True, require_integer=True)
+
+
+def test_export_with_dynamic_nonzeros(device):
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.log_alpha = torch.nn.Parameter(torch.randn(14))
+
+        def forward(self, crow, col, values):
+            return ops.log_lik_csr(crow, col, values, self.log_alpha, False)
+
+    model = Model().to(device)
+    crow, col, val, _ = _op_args(device)
+    # (rows >= 3: the output has rows - 1 entries, and sizes 0 and 1 are
+    # specialized.)
+    nnz, rows = torch.export.Dim("nnz"), torch.export.Dim("rows", min=3)
+    ep = torch.export.export(model, (crow, col, val),
+                             dynamic_shapes={"crow": {0: rows}, "col": {0: nnz},
+                                             "values": {0: nnz}})
+    csr = random_sparse_counts(17, 14, 0.6).to(device).to_sparse_csr()
+    parts = (csr.crow_indices().clone(), csr.col_indices().clone(), csr.values().clone())
+    torch.testing.assert_close(ep.module()(*parts), model(*parts))

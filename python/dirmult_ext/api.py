@@ -86,6 +86,9 @@ def log_lik(counts: Tensor, log_alpha: Optional[Tensor] = None, *,
         counts: ``(..., V)`` counts; float32/float64/float16/bfloat16 or
             int32/int64/uint8. Non-integer counts use the Gamma-function
             extension. Any leading batch shape, including none and zero-size.
+            Or sparse ``(B, V)`` counts with a shared ``(V,)`` log_alpha: a
+            torch sparse CSR/CSC/COO tensor, a ``scipy.sparse`` matrix or a
+            :class:`dirmult_ext.SparseCounts` (``dirmult_ext.sparse``).
         log_alpha: log-concentrations, ``(V,)`` shared by all rows or of
             ``counts``' shape (one concentration vector per row).
         alpha: the concentrations themselves, instead of ``log_alpha``.
@@ -149,7 +152,8 @@ def log_lik_components(counts: Tensor, log_alpha: Tensor, *,
     r"""Log-likelihood of every row of ``counts`` under each of K components.
 
     Args:
-        counts: ``(B, V)`` counts (dtypes as :func:`log_lik`).
+        counts: ``(B, V)`` counts (dtypes as :func:`log_lik`), dense or
+            sparse (the forms :func:`log_lik` takes).
         log_alpha: ``(K, V)`` log-concentrations, one row per component.
         normalize: add the multinomial coefficient.
 
