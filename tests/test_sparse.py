@@ -522,3 +522,70 @@ def test_export_with_dynamic_nonzeros(device):
     csr = random_sparse_counts(17, 14, 0.6).to(device).to_sparse_csr()
     parts = (csr.crow_indices().clone(), csr.col_indices().clone(), csr.values().clone())
     torch.testing.assert_close(ep.module()(*parts), model(*parts))
+
+
+# -------------------------------------------------------------- distributed
+def _sparse_shard_worker(rank, world, init_file, data_file, out_dir):
+    import os
+
+    import torch.distributed as dist
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                            world_size=world)
+    from dirmult_ext.distributed import fit_distributed
+    try:
+        x = torch.load(data_file)["x"]
+        sc = SparseCounts.from_dense(x)
+        sl = slice(0, 101) if rank == 0 else slice(101, None)  # uneven shards
+        r = fit_distributed(sc[sl])
+        torch.save((r.log_alpha, r.log_lik, r.n_iter, r.n_rows),
+                   os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_distributed_fit_on_sparse_shards(tmp_path):
+    import math
+
+    import torch.multiprocessing as mp
+    x, _, _ = _sparse_mixture_data(300, 24, 1, seed=3)
+    torch.save({"x": x}, tmp_path / "data.pt")
+    mp.spawn(_sparse_shard_worker,
+             args=(2, str(tmp_path / "init"), str(tmp_path / "data.pt"), str(tmp_path)),
+             nprocs=2, join=True)
+    ref = dirmult_ext.fit(x)
+    res = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    for la, ll, n_iter, n_rows in res:
+        assert n_rows == 300 and n_iter == ref.n_iter
+        assert math.isclose(ll, ref.log_lik, rel_tol=1e-11)
+        torch.testing.assert_close(la, ref.log_alpha, rtol=0, atol=1e-8)
+    assert torch.equal(res[0][0], res[1][0])
+
+
+def test_torchrun_launcher_on_mtx(tmp_path):
+    import math
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    import scipy.io
+    x, _, _ = _sparse_mixture_data(200, 16, 1, seed=9)
+    f = str(tmp_path / "counts.mtx")
+    scipy.io.mmwrite(f, scipy_sparse.coo_matrix(x.numpy()))
+    out = str(tmp_path / "params.npz")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    parent = os.path.dirname(os.path.dirname(os.path.abspath(dirmult_ext.__file__)))
+    env = dict(os.environ, OMP_NUM_THREADS="1",
+               PYTHONPATH=parent + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+           "--master_addr=127.0.0.1", f"--master_port={port}",
+           "-m", "dirmult_ext.distributed", f, "--device", "cpu", "--out", out]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stdout + p.stderr
+    got = np.load(out)
+    ref = dirmult_ext.fit(x)
+    np.testing.assert_allclose(got["log_alpha"], ref.log_alpha.numpy(), rtol=0, atol=1e-8)
+    assert math.isclose(float(got["log_lik"]), ref.log_lik, rel_tol=1e-11)
