@@ -589,3 +589,40 @@ def test_torchrun_launcher_on_mtx(tmp_path):
     ref = dirmult_ext.fit(x)
     np.testing.assert_allclose(got["log_alpha"], ref.log_alpha.numpy(), rtol=0, atol=1e-8)
     assert math.isclose(float(got["log_lik"]), ref.log_lik, rel_tol=1e-11)
+
+
+def test_row_selection_and_slices(device):
+    dense = random_sparse_counts(25, 11, 0.3).to(device)
+    dense[4] = 0.0
+    sc = SparseCounts.from_dense(dense)
+    idx = torch.tensor([7, 4, 0, 24, 7, -1])
+    assert torch.equal(sc[idx].to_dense(), dense[idx.to(device)])
+    assert torch.equal(sc[3:9].to_dense(), dense[3:9])
+    assert sc[0:25] is sc and sc[5:5].shape == (0, 11)
+    with pytest.raises(IndexError, match="out of range"):
+        sc[torch.tensor([25])]
+
+
+def test_cli_fit_on_mtx_with_labels(tmp_path):
+    import subprocess
+    import sys
+
+    import scipy.io
+    x, z, _ = _sparse_mixture_data(450, 30, 3, seed=8)
+    scipy.io.mmwrite(str(tmp_path / "c.mtx"), scipy_sparse.coo_matrix(x.numpy()))
+    np.savetxt(tmp_path / "l.txt", z.numpy(), fmt="%d")
+    np.save(tmp_path / "c.npy", x.numpy())
+    outs = []
+    for name in ("c.mtx", "c.npy"):
+        p = subprocess.run([sys.executable, "-m", "dirmult_ext", "fit", str(tmp_path / name),
+                            "--k", "3", "--labels", str(tmp_path / "l.txt"), "--device", "cpu",
+                            "--out", str(tmp_path / f"{name}.npz")],
+                           capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, p.stdout + p.stderr
+        outs.append(np.load(tmp_path / f"{name}.npz"))
+        assert "rows x 30 categories" in p.stdout and "accuracy" in p.stdout
+    sparse_out, dense_out = outs
+    assert abs(float(sparse_out["log_lik"]) - float(dense_out["log_lik"])) \
+        <= 1e-8 * abs(float(dense_out["log_lik"]))
+    assert float(sparse_out["classifier_accuracy"]) == float(dense_out["classifier_accuracy"])
+    assert float(sparse_out["naive_bayes_accuracy"]) == float(dense_out["naive_bayes_accuracy"])

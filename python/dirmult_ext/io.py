@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["load_counts", "load_labels"]
+__all__ = ["load_counts", "load_labels", "is_sparse_file"]
 
 _EXACT_FLOAT32 = 2 ** 24
 
@@ -109,6 +109,22 @@ def _read_any(path: str, key: Optional[str]) -> np.ndarray:
         raise ValueError(msg if msg.startswith(path) else f"{path}: {msg}") from None
     raise ValueError(f"{path}: unknown format {suf or '(no suffix)'!r}; use .npy, .npz, "
                      ".csv, .tsv, .txt (optionally .gz) or .mtx")
+
+
+def is_sparse_file(path) -> bool:
+    """Whether the file stores a sparse matrix: Matrix Market (``.mtx``,
+    ``.mtx.gz``) or a ``scipy.sparse.save_npz`` file."""
+    path = os.fspath(path)
+    suf = _suffix(path)
+    if suf in (".mtx", ".mtx.gz"):
+        return True
+    if suf == ".npz" and os.path.exists(path):
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                return "format" in z.files and "shape" in z.files
+        except (OSError, ValueError):
+            return False
+    return False
 
 
 def _read_sparse(path: str, key: Optional[str]):

@@ -228,10 +228,13 @@ class SparseCounts:
         return out
 
     def __getitem__(self, rows) -> "SparseCounts":
-        """Rows ``s:e`` (a slice of step 1) as SparseCounts; the whole range
-        is this object itself (with its column-sorted copy)."""
+        """Rows ``s:e`` (a slice of step 1; the whole range is this object
+        itself, with its column-sorted copy) or the rows of an integer index
+        tensor, in its order, as SparseCounts."""
+        if isinstance(rows, Tensor):
+            return self._select(rows)
         if not isinstance(rows, slice) or rows.step not in (None, 1):
-            raise TypeError("SparseCounts takes row slices s:e (step 1) only")
+            raise TypeError("SparseCounts takes row slices s:e (step 1) or an index tensor")
         B = self.shape[0]
         s, e, _ = rows.indices(B)
         e = max(s, e)
@@ -241,6 +244,27 @@ class SparseCounts:
         crow = self.crow_indices[s:e + 1] - j0
         return SparseCounts._of_parts(crow, self.col_indices[j0:j1], self.values[j0:j1],
                                       (e - s, self.shape[1]), self.count_dtype)
+
+    def _select(self, idx: Tensor) -> "SparseCounts":
+        if idx.dim() != 1 or idx.is_floating_point():
+            raise TypeError("SparseCounts row index must be a 1-d integer tensor")
+        B = self.shape[0]
+        idx = idx.to(self.device).long()
+        if idx.numel() and (int(idx.min()) < -B or int(idx.max()) >= B):
+            raise IndexError(f"row index out of range for {B} rows")
+        idx = idx % max(B, 1)
+        crow = self.crow_indices.long()
+        starts = crow[idx]
+        lengths = crow[idx + 1] - starts
+        new_crow = torch.zeros(idx.numel() + 1, dtype=torch.int64, device=self.device)
+        new_crow[1:] = lengths.cumsum(0)
+        total = int(new_crow[-1])
+        owner = torch.repeat_interleave(torch.arange(idx.numel(), device=self.device), lengths,
+                                        output_size=total)
+        pos = starts[owner] + torch.arange(total, device=self.device) - new_crow[:-1][owner]
+        return SparseCounts._of_parts(new_crow.to(self.crow_indices.dtype), self.col_indices[pos],
+                                      self.values[pos], (idx.numel(), self.shape[1]),
+                                      self.count_dtype)
 
     def __len__(self) -> int:
         return self.shape[0]
