@@ -69,8 +69,9 @@ def test_every_form_matches_dense_and_float64(device, density, compute):
             out = dirmult_ext.log_lik(form, la, normalize=normalize)
             assert out.shape == (B,) and out.dtype == compute and out.device == dense.device, name
             _close_to_float64(out, dense, la, normalize, compute)
+            # (both within TOL of the float64 formula)
             assert ((out - expected).abs().cpu().double()
-                    / magnitudes(dense, la, normalize)[0].clamp_min(1.0)).max() < TOL[compute]
+                    / magnitudes(dense, la, normalize)[0].clamp_min(1.0)).max() < 2 * TOL[compute]
             assert out[5] == 0.0  # an empty row: no terms, lnpoch(A, 0) = log 0! = 0
 
 
@@ -85,7 +86,8 @@ def test_count_dtypes(device, count_dtype):
     expected_dtype = torch.float64 if count_dtype == torch.float64 else torch.float32
     assert out.dtype == expected_dtype
     _close_to_float64(out, dense, la, True, expected_dtype)
-    torch.testing.assert_close(out, dirmult_ext.log_lik(dense, la, normalize=True))
+    torch.testing.assert_close(out, dirmult_ext.log_lik(dense, la, normalize=True),
+                               rtol=1e-5, atol=1e-4)
 
 
 def test_scipy_index_dtypes_and_int_values():
@@ -116,7 +118,7 @@ def test_components_match_dense_and_float64(device, compute):
             assert out.shape == (B, K) and out.dtype == compute
             assert ((out.double().cpu() - ref).abs() / scale).max() < TOL[compute]
         dense_out = dirmult_ext.log_lik_components(dense, la, normalize=normalize)
-        assert ((out - dense_out).abs().double().cpu() / scale).max() < TOL[compute]
+        assert ((out - dense_out).abs().double().cpu() / scale).max() < 2 * TOL[compute]
 
 
 def test_shapes_at_the_edges(device):
