@@ -628,3 +628,17 @@ def test_cli_fit_on_mtx_with_labels(tmp_path):
         <= 1e-8 * abs(float(dense_out["log_lik"]))
     assert float(sparse_out["classifier_accuracy"]) == float(dense_out["classifier_accuracy"])
     assert float(sparse_out["naive_bayes_accuracy"]) == float(dense_out["naive_bayes_accuracy"])
+
+
+def test_torch_sparse_conversion_kept_while_unchanged(device):
+    dense = random_sparse_counts(20, 9, 0.3).to(device)
+    csr = dense.to_sparse_csr()
+    from dirmult_ext.sparse import as_sparse_counts
+    sc = as_sparse_counts(csr)
+    assert as_sparse_counts(csr) is sc
+    la = torch.randn(9, device=device)
+    before = dirmult_ext.log_lik(csr, la)
+    csr.values().mul_(2.0)  # changed in place: converted again
+    assert as_sparse_counts(csr) is not sc
+    torch.testing.assert_close(dirmult_ext.log_lik(csr, la), dirmult_ext.log_lik(2 * dense, la))
+    assert not torch.equal(before, dirmult_ext.log_lik(csr, la))

@@ -313,17 +313,42 @@ class SparseCounts:
 
 def as_sparse_counts(x, *, validate: Optional[bool] = None) -> SparseCounts:
     """``x`` as :class:`SparseCounts`: itself, or converted once from a torch
-    sparse tensor or a ``scipy.sparse`` matrix."""
+    sparse tensor (the conversion is kept while the tensor lives and is not
+    modified in place, and reused) or a ``scipy.sparse`` matrix (converted on
+    every call: pass a SparseCounts to reuse it)."""
     if isinstance(x, SparseCounts):
         if validate:
             x.check_structure()
         return x
     if isinstance(x, Tensor) and x.layout in _SPARSE_LAYOUTS:
-        return SparseCounts.from_torch(x, validate=validate)
+        return _converted(x, validate)
     if _is_scipy_sparse(x):
         return SparseCounts.from_scipy(x, validate=validate)
     raise TypeError("sparse counts must be a SparseCounts, a torch sparse CSR/CSC/COO "
                     f"tensor or a scipy.sparse matrix, got {type(x).__name__}")
+
+
+# A torch sparse tensor's conversion, by id, kept while the tensor lives and
+# is unchanged (its version counter, shared with its parts, is the same), so
+# that calls on it again reuse the conversion and its column-sorted copy
+# (SparseCounts.csc()): the cost of a training loop over one sparse tensor is
+# then one conversion and one sort.
+_CONVERTED: dict = {}
+
+
+def _converted(x: Tensor, validate: Optional[bool]) -> SparseCounts:
+    entry = _CONVERTED.get(id(x))
+    if entry is not None:
+        ref, version, sc = entry
+        if ref() is x and x._version == version:
+            if validate:
+                sc.check_structure()
+            return sc
+    sc = SparseCounts.from_torch(x, validate=validate)
+    if entry is None:
+        weakref.finalize(x, _CONVERTED.pop, id(x), None)
+    _CONVERTED[id(x)] = (weakref.ref(x), x._version, sc)
+    return sc
 
 
 def _check_structure(crow: Tensor, col: Tensor, shape) -> None:
