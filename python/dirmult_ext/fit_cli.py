@@ -49,11 +49,11 @@ def multinomial_naive_bayes(x_train: Tensor, y_train: Tensor, x_test: Tensor,
     """Multinomial naive Bayes with Laplace (add-``smoothing``) estimates:
     log p(c | n) = log prior_c + sum_v n_v log theta_cv + const, theta_c =
     (class column sums + smoothing) normalized. Returns predicted codes (B_test,)."""
-    from .sparse import is_sparse_input
+    from .sparse import as_sparse_counts, is_sparse_input
     Y = torch.nn.functional.one_hot(y_train, n_classes).to(torch.float64)
     if is_sparse_input(x_train):  # (the same sums from the nonzeros)
-        x_train, x_test = (_torch_csr(x) for x in (x_train, x_test))
-        counts = (x_train.t() @ Y.to(x_train.device)).T + smoothing
+        x_train, x_test = as_sparse_counts(x_train), _torch_csr(x_test)
+        counts = (x_train.transposed() @ Y.to(x_train.device)).T + smoothing
     else:
         x_train = x_train.to(torch.float64)
         counts = Y.T @ x_train + smoothing                           # (C, V)

@@ -275,6 +275,12 @@ class SparseCounts:
         return (_row_of_nonzero(self.crow_indices, self.nnz), self.col_indices.long(),
                 self.values.double())
 
+    def transposed(self) -> Tensor:
+        """The ``(V, B)`` transpose as a torch sparse CSR float64 tensor, from
+        the column-sorted copy (:meth:`csc`)."""
+        ptr, rows, values = self.csc()
+        return _csr_tensor(ptr, rows, values.double(), (self.shape[1], self.shape[0]))
+
     def proportions(self, N: Tensor) -> Tensor:
         """The rows' proportions n / N as a torch sparse CSR float64 tensor
         (rows with N = 0 stay empty)."""
@@ -542,12 +548,15 @@ def fit_moments(sc: SparseCounts, wb: Tensor):
     B, V = sc.shape
     bad = (~torch.isfinite(c)).sum() + (c < 0).sum()
     N = torch.zeros(B, dtype=torch.float64, device=c.device).index_add_(0, rows, c)
-    x = c / N.clamp_min(1e-300)[rows]
     wp = wb * (N > 0).unsqueeze(-1)
+    # The column sums as the transpose's product (V, B) @ (B, K), from the
+    # column-sorted copy (the one the gradient uses).
+    ptr, csc_rows, csc_values = sc.csc()
+    x = csc_values.double() / N.clamp_min(1e-300)[csc_rows.long()]
     sums = []
     for values in (x, x * x):
-        X = _csr_tensor(sc.crow_indices, sc.col_indices, values, (B, V))
-        sums.append((X.t() @ wp).T if B > 0 else wp.new_zeros(wp.shape[1], V))
+        Xt = _csr_tensor(ptr, csc_rows, values, (V, B))
+        sums.append((Xt @ wp).T if B > 0 else wp.new_zeros(wp.shape[1], V))
     lg = torch.zeros(B, dtype=torch.float64, device=c.device).index_add_(
         0, rows, torch.lgamma(c + 1))
     return N, bad, sums[0], sums[1], torch.lgamma(N + 1) - lg
