@@ -25,7 +25,8 @@ from torch.distributions import Distribution, constraints
 from torch.distributions.utils import lazy_property
 
 from .api import log_lik
-from .sparse import is_sparse_input, sparse_log_prob
+from .sparse import is_sparse_input
+from .sparse_stats import sparse_log_prob
 
 __all__ = ["DirichletMultinomial", "MultinomialCounts"]
 

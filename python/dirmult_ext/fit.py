@@ -59,7 +59,8 @@ import torch
 from torch import Tensor
 
 from .api import log_lik, log_lik_components
-from .sparse import SparseCounts, as_sparse_counts, fit_moments, is_sparse_input
+from .sparse import SparseCounts, as_sparse_counts, is_sparse_input
+from .sparse_stats import fit_moments
 
 __all__ = ["fit", "DMFit"]
 

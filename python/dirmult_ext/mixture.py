@@ -37,7 +37,8 @@ from .api import log_lik_components
 from .fit import (_HALVINGS, MAX_ALPHA, _Rows, _as_counts, _check_common,
                   _default_progress, _fixed_point_step, _moment_init, _newton_step,
                   _optimize, _prepass, _resolve_device, _stats)
-from .sparse import SparseCounts, sq_distances
+from .sparse import SparseCounts
+from .sparse_stats import sq_distances
 
 __all__ = ["fit_mixture", "DMMixture", "DMClassifier", "adjusted_rand_index",
            "best_permutation_accuracy"]
