@@ -494,6 +494,11 @@ def test_load_counts_sparse(tmp_path):
         np.testing.assert_array_equal(sc.to_dense().numpy(), x, err_msg=name)
     assert load_counts(tmp_path / "x.mtx", sparse=True, dtype=torch.float64).values.dtype \
         == torch.float64
+    # By default sparse files load sparse, dense ones dense.
+    assert isinstance(load_counts(tmp_path / "x.mtx"), SparseCounts)
+    assert isinstance(load_counts(tmp_path / "x.npz"), SparseCounts)
+    assert isinstance(load_counts(tmp_path / "x.npy"), torch.Tensor)
+    np.testing.assert_array_equal(load_counts(tmp_path / "x.mtx", sparse=False).numpy(), x)
     x[4, 5] = -2.0
     scipy_sparse.save_npz(tmp_path / "bad.npz", scipy_sparse.csr_matrix(x))
     with pytest.raises(ValueError, match="negative count -2.0 at row 4, column 5"):

@@ -164,9 +164,7 @@ def main(argv=None) -> int:
                                               dtype=np.float32))
         else:
             from .io import load_counts
-            from .io import is_sparse_file
-            # Sparse files stay sparse: each rank keeps its rows' nonzeros.
-            full = load_counts(args.file, sparse=is_sparse_file(args.file))
+            full = load_counts(args.file)  # (a sparse file stays sparse: its rows' nonzeros)
             local = full[shard_rows(full.shape[0], rank, world)]
         r = fit_distributed(local, method=args.method, tol=args.tol, max_iter=args.max_iter,
                             batch_size=args.batch_size, device=device, progress=None)

@@ -120,8 +120,7 @@ def main(argv=None) -> int:
             source = "bundled UCI optical digits (Alpaydin & Kaynak 1998, CC BY 4.0)"
             k = 10 if args.k is None else args.k
         else:
-            from .io import is_sparse_file
-            counts = load_counts(args.file, sparse=is_sparse_file(args.file))  # (kept sparse)
+            counts = load_counts(args.file)  # (sparse files stay sparse)
             source = args.file
             k = 1 if args.k is None else args.k
             if args.labels:

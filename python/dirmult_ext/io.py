@@ -11,10 +11,11 @@ Formats, chosen by file name suffix:
   numeric is taken as a header and skipped.
 * ``.mtx`` (optionally ``.gz``): Matrix Market, read with ``scipy.io.mmread``.
 
-Every loader returns a dense ``(B, V)`` float32 torch tensor (float64 on
-request), after checking that the values are finite and non-negative; with
-``sparse=True`` a :class:`dirmult_ext.SparseCounts` instead (``.mtx`` and
-scipy-sparse ``.npz`` files are then read without densifying).
+Sparse files (``.mtx`` and scipy-sparse ``.npz``) load as a
+:class:`dirmult_ext.SparseCounts`, read without densifying; the others as a
+dense ``(B, V)`` float32 torch tensor (float64 on request); ``sparse=`` asks
+for either form from any file. The values are checked to be finite and
+non-negative first.
 """
 from __future__ import annotations
 
@@ -178,7 +179,7 @@ def _load_sparse(path: str, dtype: torch.dtype, key: Optional[str], require_inte
 
 
 def load_counts(path, *, dtype: torch.dtype = torch.float32, key: Optional[str] = None,
-                require_integer: bool = False, sparse: bool = False):
+                require_integer: bool = False, sparse: Optional[bool] = None):
     """Read a count matrix.
 
     Args:
@@ -186,13 +187,13 @@ def load_counts(path, *, dtype: torch.dtype = torch.float32, key: Optional[str] 
         dtype: ``torch.float32`` (default) or ``torch.float64``.
         key: array name inside a multi-array ``.npz``.
         require_integer: also reject non-integer values.
-        sparse: return a :class:`dirmult_ext.SparseCounts` (values of
-            ``dtype``), read without densifying from ``.mtx`` and
-            scipy-sparse ``.npz`` files; other formats are read dense and
-            converted.
+        sparse: ``True``: a :class:`dirmult_ext.SparseCounts` (values of
+            ``dtype``; dense formats are read dense and converted);
+            ``False``: a dense tensor (sparse files densified); ``None``
+            (default): sparse for sparse files (:func:`is_sparse_file`).
 
     Returns:
-        ``(B, V)`` dense tensor of ``dtype``, or SparseCounts with ``sparse``.
+        ``(B, V)`` dense tensor of ``dtype``, or SparseCounts.
 
     Raises:
         FileNotFoundError: no such file.
@@ -205,6 +206,8 @@ def load_counts(path, *, dtype: torch.dtype = torch.float32, key: Optional[str] 
         raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path}: no such file")
+    if sparse is None:
+        sparse = key is None and is_sparse_file(path)
     if sparse:
         return _load_sparse(path, dtype, key, require_integer)
     arr = np.asarray(_read_any(path, key))

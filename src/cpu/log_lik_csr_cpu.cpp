@@ -22,6 +22,7 @@
 
 #include "../common/count_dispatch.h"
 #include "../common/csr_checks.h"
+#include "../common/csr_dispatch.h"
 #include "../common/safe_box.h"
 #include "dirmult/math.h"
 
@@ -198,40 +199,6 @@ void csr_backward(const scalar_t* grad, const index_t* crow, const value_t* val,
     }
   });
 }
-
-#define DM_CSR_INDEX_CASE(ENUM, TYPE, ...)         \
-  case torch::headeronly::ScalarType::ENUM: {      \
-    using index_t = TYPE;                          \
-    __VA_ARGS__();                                 \
-    break;                                         \
-  }
-#define DM_CSR_VALUE_CASE(ENUM, TYPE, ...)         \
-  case torch::headeronly::ScalarType::ENUM: {      \
-    using value_t = TYPE;                          \
-    __VA_ARGS__();                                 \
-    break;                                         \
-  }
-#define DM_DISPATCH_CSR(INDEX, VALUE, ...)                                        \
-  switch (INDEX) {                                                                \
-    DM_CSR_INDEX_CASE(Int, int32_t, [&] {                                         \
-      switch (VALUE) {                                                            \
-        DM_CSR_VALUE_CASE(Float, float, __VA_ARGS__)                              \
-        DM_CSR_VALUE_CASE(Double, double, __VA_ARGS__)                            \
-        default:                                                                  \
-          STD_TORCH_CHECK(false, "dirmult: values must be float32 or float64");   \
-      }                                                                           \
-    })                                                                            \
-    DM_CSR_INDEX_CASE(Long, int64_t, [&] {                                        \
-      switch (VALUE) {                                                            \
-        DM_CSR_VALUE_CASE(Float, float, __VA_ARGS__)                              \
-        DM_CSR_VALUE_CASE(Double, double, __VA_ARGS__)                            \
-        default:                                                                  \
-          STD_TORCH_CHECK(false, "dirmult: values must be float32 or float64");   \
-      }                                                                           \
-    })                                                                            \
-    default:                                                                      \
-      STD_TORCH_CHECK(false, "dirmult: CSR indices must be int32 or int64");      \
-  }
 
 std::vector<int64_t> csr_out_shape(int64_t B, const Tensor& log_alpha) {
   if (log_alpha.dim() == 1) return {B};

@@ -9,6 +9,7 @@
 
 #include "../common/count_dispatch.h"
 #include "../common/csr_checks.h"
+#include "../common/csr_dispatch.h"
 #include "cuda_utils.cuh"
 #include "kernels/csr_alpha.cuh"
 #include "kernels/csr_backward.cuh"
@@ -17,33 +18,6 @@
 namespace dirmult {
 namespace cuda {
 namespace {
-
-#define DM_CSR_INDEX_CASE(ENUM, TYPE, ...)    \
-  case torch::headeronly::ScalarType::ENUM: { \
-    using index_t = TYPE;                     \
-    __VA_ARGS__();                            \
-    break;                                    \
-  }
-#define DM_CSR_VALUE_CASE(ENUM, TYPE, ...)    \
-  case torch::headeronly::ScalarType::ENUM: { \
-    using value_t = TYPE;                     \
-    __VA_ARGS__();                            \
-    break;                                    \
-  }
-#define DM_CSR_DISPATCH_VALUES(VALUE, ...)                                    \
-  switch (VALUE) {                                                            \
-    DM_CSR_VALUE_CASE(Float, float, __VA_ARGS__)                              \
-    DM_CSR_VALUE_CASE(Double, double, __VA_ARGS__)                            \
-    default:                                                                  \
-      STD_TORCH_CHECK(false, "dirmult: values must be float32 or float64");   \
-  }
-#define DM_DISPATCH_CSR(INDEX, VALUE, ...)                                                      \
-  switch (INDEX) {                                                                              \
-    DM_CSR_INDEX_CASE(Int, int32_t, [&] { DM_CSR_DISPATCH_VALUES(VALUE, __VA_ARGS__); })       \
-    DM_CSR_INDEX_CASE(Long, int64_t, [&] { DM_CSR_DISPATCH_VALUES(VALUE, __VA_ARGS__); })      \
-    default:                                                                                    \
-      STD_TORCH_CHECK(false, "dirmult: CSR indices must be int32 or int64");                    \
-  }
 
 // The prepared concentrations of one call: cols (V, K) and the totals A (K,).
 struct CsrPrep {
