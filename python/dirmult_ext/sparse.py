@@ -27,6 +27,9 @@ __all__ = ["SparseCounts", "as_sparse_counts", "is_sparse_input", "csc_parts",
            "log_lik", "log_lik_components"]
 
 INDEX_DTYPES = (torch.int32, torch.int64)
+# Components per call of the CUDA kernels (a grid dimension; the C++ checks it
+# too, src/cuda/log_lik_csr_cuda.cu).
+MAX_CUDA_COMPONENTS = 65535
 _SPARSE_LAYOUTS = (torch.sparse_csr, torch.sparse_coo, torch.sparse_csc)
 _COUNT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16,
                  torch.int32, torch.int64, torch.int16, torch.int8, torch.uint8, torch.bool)
@@ -535,4 +538,7 @@ def log_lik_components(counts, log_alpha: Tensor, *, normalize: bool = False,
     B, V = sc.shape
     if log_alpha.dim() != 2 or log_alpha.shape[1] != V:
         raise ValueError(f"log_alpha must be (K, {V}), got {tuple(log_alpha.shape)}")
+    if log_alpha.is_cuda and log_alpha.shape[0] > MAX_CUDA_COMPONENTS:
+        raise ValueError(f"with sparse counts on CUDA, log_alpha may have at most "
+                         f"{MAX_CUDA_COMPONENTS} components, got {log_alpha.shape[0]}")
     return ops.log_lik_csr(sc.crow_indices, sc.col_indices, sc.values, log_alpha, normalize)
