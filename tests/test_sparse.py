@@ -647,3 +647,44 @@ def test_torch_sparse_conversion_kept_while_unchanged(device):
     assert as_sparse_counts(csr) is not sc
     torch.testing.assert_close(dirmult_ext.log_lik(csr, la), dirmult_ext.log_lik(2 * dense, la))
     assert not torch.equal(before, dirmult_ext.log_lik(csr, la))
+
+
+@pytest.mark.skipif(not (torch.cuda.is_available() and dirmult_ext.CUDA_KERNELS),
+                    reason="CUDA synchronization")
+def test_prepared_counts_do_not_synchronize_on_cuda():
+    dense = random_sparse_counts(300, 2000, 0.02).cuda()
+    sc = SparseCounts.from_dense(dense)
+    sc.csc()
+    la = torch.randn(2000, device="cuda", requires_grad=True)
+    la_k = torch.randn(4, 2000, device="cuda", requires_grad=True)
+    w = torch.rand(300, device="cuda")
+    torch.autograd.grad((dirmult_ext.log_lik(sc, la) * w).sum(), la)  # warm-up
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        torch.autograd.grad((dirmult_ext.log_lik(sc, la) * w).sum(), la)
+        torch.autograd.grad(dirmult_ext.log_lik(sc, la, reduction="mean"), la)
+        torch.autograd.grad(dirmult_ext.log_lik_components(sc, la_k).sum(), la_k)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.skipif(not (torch.cuda.is_available() and dirmult_ext.CUDA_KERNELS),
+                    reason="CUDA against CPU")
+@pytest.mark.parametrize("compute", [torch.float32, torch.float64])
+def test_cuda_matches_cpu_kernels(compute):
+    dense = random_sparse_counts(500, 700, 0.05).to(compute)
+    dense[:, 9] = torch.randint(0, 40, (500,)).to(compute)  # a long column
+    dense[7] = torch.randint(0, 5, (700,)).to(compute)       # a long row
+    dense[8] = 0.0
+    la = torch.randn(3, 700, dtype=compute)
+    w = torch.randn(500, 3, dtype=compute)
+    cpu_out = dirmult_ext.log_lik_components(dense.to_sparse_csr(), la, normalize=True)
+    cpu_g = _weighted_grad(dense.to_sparse_csr(), la, w)
+    cuda_out = dirmult_ext.log_lik_components(dense.cuda().to_sparse_csr(), la.cuda(),
+                                              normalize=True)
+    cuda_g = _weighted_grad(dense.cuda().to_sparse_csr(), la.cuda(), w.cuda())
+    scale = component_magnitudes(dense, la, True).clamp_min(1.0)
+    assert ((cuda_out.cpu() - cpu_out).abs().double() / scale).max() < 2 * TOL[compute]
+    torch.testing.assert_close(cuda_g.cpu(), cpu_g, rtol=1e-5 if compute == torch.float32
+                               else 1e-12, atol=1e-4 if compute == torch.float32 else 1e-10)
