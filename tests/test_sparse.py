@@ -688,3 +688,22 @@ def test_cuda_matches_cpu_kernels(compute):
     assert ((cuda_out.cpu() - cpu_out).abs().double() / scale).max() < 2 * TOL[compute]
     torch.testing.assert_close(cuda_g.cpu(), cpu_g, rtol=1e-5 if compute == torch.float32
                                else 1e-12, atol=1e-4 if compute == torch.float32 else 1e-10)
+
+
+def test_column_sorted_copy_built_once_per_matrix(device, monkeypatch):
+    import dirmult_ext.sparse as sparse_module
+    calls = []
+    build = sparse_module.csc_parts
+    monkeypatch.setattr(sparse_module, "csc_parts", lambda *a: calls.append(1) or build(*a))
+    dense = random_sparse_counts(40, 30, 0.2).to(device)
+    la = torch.randn(30, device=device, requires_grad=True)
+    for counts in (dense.to_sparse_csr(), SparseCounts.from_dense(dense)):
+        calls.clear()
+        grads = [torch.autograd.grad(dirmult_ext.log_lik(counts, la).sum(), la)[0]
+                 for _ in range(3)]
+        assert len(calls) == 1
+        assert torch.equal(grads[0], grads[2])
+    with torch.no_grad():  # no gradient wanted: no copy
+        calls.clear()
+        dirmult_ext.log_lik(dense.to_sparse_csr(), la)
+        assert not calls

@@ -83,9 +83,10 @@ class SparseCounts:
             is NaN; unsorted or duplicate columns give a wrong result.
 
     The gradient with respect to the concentrations needs the matrix sorted
-    by column: :meth:`csc` builds that copy the first time it is needed and
-    keeps it (the same bytes again as the CSR parts: an index and a value
-    per nonzero, plus ``V + 1`` column offsets). Values or indices edited in
+    by column: :meth:`csc` builds that copy the first time it is needed (the
+    first call whose concentrations require grad) and keeps it (the same
+    bytes again as the CSR parts: an index and a value per nonzero, plus
+    ``V + 1`` column offsets). Values or indices edited in
     place afterwards are not seen by the kept copy: build a new object.
     """
 
@@ -501,6 +502,8 @@ def _prepare(counts, log_alpha: Tensor, name: str, validate: bool) -> Tuple[Spar
         else torch.float32
     if log_alpha.dtype != dtype:
         log_alpha = log_alpha.to(dtype)
+    if torch.is_grad_enabled() and log_alpha.requires_grad and not torch.compiler.is_compiling():
+        sc.csc()  # (built once and kept on sc: the backward finds it, Note [CSR gradient])
     if validate:
         if not bool(torch.isfinite(sc.values).all()):
             raise ValueError("counts contains NaN or infinite values")
