@@ -707,3 +707,15 @@ def test_column_sorted_copy_built_once_per_matrix(device, monkeypatch):
         calls.clear()
         dirmult_ext.log_lik(dense.to_sparse_csr(), la)
         assert not calls
+
+
+def test_module_takes_sparse_counts(device):
+    dense = random_sparse_counts(16, 10, 0.3).to(device)
+    model = dirmult_ext.DirichletMultinomialLogLik(10, torch.randn(10), reduction="sum").to(device)
+    out = model(dense.to_sparse_csr())
+    g, = torch.autograd.grad(out, model.log_alpha)
+    ref = model(dense)
+    g_ref, = torch.autograd.grad(ref, model.log_alpha)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(g, g_ref, rtol=1e-5, atol=1e-4)
+    torch.jit.script(model)  # (still scriptable: the sparse path is eager-only)

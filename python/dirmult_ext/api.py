@@ -226,6 +226,8 @@ class DirichletMultinomialLogLik(nn.Module):
 
     @torch.jit.unused
     def _eager_log_lik(self, counts: Tensor, la: Tensor) -> Tensor:
+        if _sparse.is_sparse_input(counts):
+            return _sparse.log_lik(counts, la, normalize=self.normalize)
         return call_log_lik(counts, la, self.normalize)
 
     def extra_repr(self) -> str:
