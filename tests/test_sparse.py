@@ -686,8 +686,12 @@ def test_cuda_matches_cpu_kernels(compute):
     cuda_g = _weighted_grad(dense.cuda().to_sparse_csr(), la.cuda(), w.cuda())
     scale = component_magnitudes(dense, la, True).clamp_min(1.0)
     assert ((cuda_out.cpu() - cpu_out).abs().double() / scale).max() < 2 * TOL[compute]
-    torch.testing.assert_close(cuda_g.cpu(), cpu_g, rtol=1e-5 if compute == torch.float32
-                               else 1e-12, atol=1e-4 if compute == torch.float32 else 1e-10)
+    # Each gradient element relative to its terms' magnitudes (times the
+    # largest row weight), as test_gradient_matches_float64_reference_autograd.
+    for k in range(3):
+        cols = magnitudes(dense, la[k])[1] * w[:, k].abs().max().double()
+        err = (cuda_g[k].cpu() - cpu_g[k]).abs().double() / cols.clamp_min(1e-3)
+        assert err.max() < 20 * TOL[compute]
 
 
 def test_column_sorted_copy_built_once_per_matrix(device, monkeypatch):
