@@ -32,4 +32,16 @@ STABLE_TORCH_LIBRARY(dirmult, m) {
   // Elementwise (alpha^2 tpoch(alpha, n), d[alpha dpoch(alpha, n)]/d log_alpha): the
   // second-derivative terms of the double backward (See Note [Trigamma terms]).
   m.def("tpoch_terms(Tensor log_alpha, Tensor n) -> (Tensor, Tensor)");
+  // Counts as CSR parts (See Note [CSR inputs]): crow_indices (B + 1,),
+  // col_indices (nnz,) of one integer dtype, values (nnz,) float32/float64;
+  // log_alpha (V,) shared -> (B,), or (K, V) components -> (B, K).
+  m.def(
+      "log_lik_csr(Tensor crow_indices, Tensor col_indices, Tensor values, Tensor log_alpha, "
+      "bool normalize=False) -> Tensor");
+  // grad (B,) or (B, K) -> grad_log_alpha shaped like log_alpha, from the
+  // rows' totals (crow_indices, values) and the column-sorted copy
+  // csc_ptr (V + 1,), csc_rows (nnz,), csc_values (nnz,) (See Note [CSR gradient]).
+  m.def(
+      "log_lik_csr_backward(Tensor grad, Tensor crow_indices, Tensor values, Tensor csc_ptr, "
+      "Tensor csc_rows, Tensor csc_values, Tensor log_alpha) -> Tensor");
 }

@@ -162,3 +162,22 @@ def mp_lnpoch(a, n):
 def mp_adpoch(a, n):
     a, n = _mpf(a), _mpf(n)
     return a * (mpmath.digamma(a + n) - mpmath.digamma(a))
+
+
+def random_sparse_counts(B, V, density, dtype=torch.float32, max_count=12, generator=None):
+    """Dense (B, V) counts with about `density` of them nonzero, each 1..max_count,
+    and a tenth of those non-integer or above the exact path (up to 300).
+    Never all zero when B, V and density are positive (entry (0, 0) is set)."""
+    mask = torch.rand(B, V, generator=generator) < density
+    counts = torch.randint(1, max_count + 1, (B, V), generator=generator).double()
+    odd = torch.rand(B, V, generator=generator) < 0.1
+    far = torch.randint(17, 301, (B, V), generator=generator).double()
+    frac = torch.rand(B, V, generator=generator).double() * 40.0 + 0.25
+    counts = torch.where(odd, torch.where(torch.rand(B, V, generator=generator) < 0.5, far, frac),
+                         counts)
+    counts = counts * mask
+    if B > 0 and V > 0 and density > 0:
+        counts[0, 0] = 3.0
+    if not dtype.is_floating_point:
+        counts = counts.round()
+    return counts.to(dtype)

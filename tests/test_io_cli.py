@@ -54,7 +54,7 @@ def write_all_formats(d, x):
 def test_load_counts_all_formats(tmp_path):
     x = random_counts()
     for name, p in write_all_formats(tmp_path, x).items():
-        t = load_counts(p)
+        t = load_counts(p, sparse=False)
         assert t.dtype == torch.float32 and t.shape == x.shape, name
         np.testing.assert_array_equal(t.numpy(), x, err_msg=name)
     assert load_counts(tmp_path / "x.npy", dtype=torch.float64).dtype == torch.float64

@@ -9,6 +9,7 @@ from .api import (DirichletMultinomialLogLik, log_lik, log_lik_components,
 from .distribution import DirichletMultinomial
 from .fit import DMFit, fit
 from .mixture import DMClassifier, DMMixture, fit_mixture
+from .sparse import SparseCounts
 from . import datasets, io
 
 
@@ -37,4 +38,5 @@ def __getattr__(name):
 
 __all__ = ["__version__", "build_info", "log_lik", "log_lik_components",
            "DirichletMultinomialLogLik", "reference_log_lik", "DirichletMultinomial",
-           "fit", "DMFit", "fit_mixture", "DMMixture", "DMClassifier", "datasets", "io"]
+           "fit", "DMFit", "fit_mixture", "DMMixture", "DMClassifier", "datasets", "io",
+           "SparseCounts"]

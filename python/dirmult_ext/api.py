@@ -7,6 +7,7 @@ import torch
 from torch import Tensor, nn
 
 from . import _checks
+from . import sparse as _sparse
 from ._ops import call_log_lik, call_log_lik_components
 
 COUNT_DTYPES = _checks.COUNT_DTYPES
@@ -48,6 +49,9 @@ def log_lik(counts: Tensor, log_alpha: Optional[Tensor] = None, *,
         counts: ``(..., V)`` counts; float32/float64/float16/bfloat16 or
             int32/int64/uint8. Non-integer counts use the Gamma-function
             extension. Any leading batch shape, including none and zero-size.
+            Or sparse ``(B, V)`` counts with a shared ``(V,)`` log_alpha: a
+            torch sparse CSR/CSC/COO tensor, a ``scipy.sparse`` matrix or a
+            :class:`dirmult_ext.SparseCounts` (``dirmult_ext.sparse``).
         log_alpha: log-concentrations, ``(V,)`` shared by all rows or of
             ``counts``' shape (one concentration vector per row).
         alpha: the concentrations themselves, instead of ``log_alpha``.
@@ -81,6 +85,9 @@ def log_lik(counts: Tensor, log_alpha: Optional[Tensor] = None, *,
     if (log_alpha is None) == (alpha is None):
         raise ValueError("pass exactly one of log_alpha and alpha")
     _checks.reduction(reduction)
+    if _sparse.is_sparse_input(counts):
+        return _reduce(_sparse.log_lik(counts, log_alpha, alpha, normalize=normalize,
+                                       validate=validate), reduction)
     name = "log_alpha"
     if alpha is not None:
         _checks.inputs(counts, alpha, "alpha")
@@ -101,7 +108,8 @@ def log_lik_components(counts: Tensor, log_alpha: Tensor, *,
     r"""Log-likelihood of every row of ``counts`` under each of K components.
 
     Args:
-        counts: ``(B, V)`` counts (dtypes as :func:`log_lik`).
+        counts: ``(B, V)`` counts (dtypes as :func:`log_lik`), dense or
+            sparse (the forms :func:`log_lik` takes).
         log_alpha: ``(K, V)`` log-concentrations, one row per component.
         normalize: add the multinomial coefficient.
 
@@ -116,6 +124,8 @@ def log_lik_components(counts: Tensor, log_alpha: Tensor, *,
         set before import, forces one way for float32. On CPU, always the
         latter.
     """
+    if _sparse.is_sparse_input(counts):
+        return _sparse.log_lik_components(counts, log_alpha, normalize=normalize)
     _checks.inputs(counts, log_alpha)
     _checks.components_shapes(counts, log_alpha)
     log_alpha = log_alpha.to(_compute_dtype(counts, log_alpha))
@@ -168,6 +178,8 @@ class DirichletMultinomialLogLik(nn.Module):
 
     @torch.jit.unused
     def _eager_log_lik(self, counts: Tensor, la: Tensor) -> Tensor:
+        if _sparse.is_sparse_input(counts):
+            return _sparse.log_lik(counts, la, normalize=self.normalize)
         return call_log_lik(counts, la, self.normalize)
 
     def extra_repr(self) -> str:

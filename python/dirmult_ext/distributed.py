@@ -35,6 +35,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from .fit import DMFit, _as_counts, _as_weights, _check_common, _fit_rows, _Rows
+from .sparse import SparseCounts, as_sparse_counts, is_sparse_input
 
 __all__ = ["fit_distributed", "shard_rows", "main"]
 
@@ -68,9 +69,11 @@ def fit_distributed(local_counts, *, init=None, method: str = "newton", tol: flo
         raise RuntimeError("fit_distributed needs an initialized torch.distributed process "
                            "group (torch.distributed.init_process_group)")
     _check_common(method, tol, max_iter, min_alpha)
-    if isinstance(local_counts, np.ndarray):
+    if is_sparse_input(local_counts):  # (sparse shards stay sparse)
+        local_counts = as_sparse_counts(local_counts)
+    elif isinstance(local_counts, np.ndarray):
         local_counts = torch.from_numpy(np.ascontiguousarray(local_counts))
-    if not isinstance(local_counts, Tensor) or local_counts.dim() != 2:
+    if not isinstance(local_counts, (Tensor, SparseCounts)) or len(local_counts.shape) != 2:
         raise ValueError("local_counts must be a (rows, categories) matrix")
     dev = local_counts.device if device is None else torch.device(device)
     if dist.get_backend(group) == "nccl" and dev.type != "cuda":
@@ -161,7 +164,7 @@ def main(argv=None) -> int:
                                               dtype=np.float32))
         else:
             from .io import load_counts
-            full = load_counts(args.file)
+            full = load_counts(args.file)  # (a sparse file stays sparse: its rows' nonzeros)
             local = full[shard_rows(full.shape[0], rank, world)]
         r = fit_distributed(local, method=args.method, tol=args.tol, max_iter=args.max_iter,
                             batch_size=args.batch_size, device=device, progress=None)

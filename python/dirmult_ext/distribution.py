@@ -25,6 +25,8 @@ from torch.distributions import Distribution, constraints
 from torch.distributions.utils import lazy_property
 
 from .api import log_lik
+from .sparse import is_sparse_input
+from .sparse_stats import sparse_log_prob
 
 __all__ = ["DirichletMultinomial", "MultinomialCounts"]
 
@@ -234,7 +236,11 @@ class DirichletMultinomial(Distribution):
         ``batch_shape + (V,)``; returns
         ``broadcast_shapes(value.shape[:-1], batch_shape)``. The pmf does not
         read ``total_count`` (a value's total is its own sum); with
-        ``validate_args`` a value whose total differs is rejected."""
+        ``validate_args`` a value whose total differs is rejected. Sparse
+        ``(B, V)`` counts (see :func:`dirmult_ext.log_lik`) take a
+        distribution of batch_shape ``()`` and return ``(B,)``."""
+        if is_sparse_input(value):
+            return sparse_log_prob(self, value)
         if not isinstance(value, Tensor):
             value = torch.as_tensor(value)
         if self._validate_args:

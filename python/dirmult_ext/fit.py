@@ -59,6 +59,8 @@ import torch
 from torch import Tensor
 
 from .api import log_lik, log_lik_components
+from .sparse import SparseCounts, as_sparse_counts, is_sparse_input
+from .sparse_stats import fit_moments
 
 __all__ = ["fit", "DMFit"]
 
@@ -113,6 +115,11 @@ class DMFit:
 # input handling
 # ---------------------------------------------------------------------------
 def _as_counts(counts) -> Tensor:
+    if is_sparse_input(counts):  # (kept sparse: every pass reads the nonzeros only)
+        counts = as_sparse_counts(counts)
+        if counts.shape[1] < 2:
+            raise ValueError(f"counts needs at least 2 categories (columns), got {counts.shape[1]}")
+        return counts
     if isinstance(counts, np.ndarray):
         counts = torch.from_numpy(np.ascontiguousarray(counts))
     if not isinstance(counts, Tensor):
@@ -186,8 +193,11 @@ class _Rows:
         hit = self._pairs.get(bi)
         if hit is not None:
             return hit
-        r, c = cb.nonzero(as_tuple=True)                 # row-major order
-        n = cb[r, c].to(torch.float64)
+        if isinstance(cb, SparseCounts):
+            r, c, n = cb.coo()
+        else:
+            r, c = cb.nonzero(as_tuple=True)             # row-major order
+            n = cb[r, c].to(torch.float64)
         V = cb.shape[1]
         if bool((n == n.floor()).all()) and (n.numel() == 0 or float(n.max()) < 2.0 ** 40):
             key = n.to(torch.int64) * V + c               # one int per (column, count)
@@ -252,20 +262,26 @@ def _prepass(rows: _Rows, reduce: Reducer = _identity, check: bool = True) -> _P
     Ns, cs = [], []
     bad = torch.zeros((), dtype=torch.float64, device=dev)
     for cb, wb, _ in rows.batches():
-        c = cb.to(torch.float64)
+        if isinstance(cb, SparseCounts):
+            N, bad_b, sx, sx2, cst = fit_moments(cb, wb)
+        else:
+            c = cb.to(torch.float64)
+            bad_b = (~torch.isfinite(c)).sum() + (c < 0).sum()
+            N = c.sum(-1)
+            x = c / N.clamp_min(1e-300).unsqueeze(-1)
+            wpx = wb * (N > 0).unsqueeze(-1)
+            sx, sx2 = wpx.T @ x, wpx.T @ (x * x)
+            cst = torch.lgamma(N + 1) - torch.lgamma(c + 1).sum(-1)
         if check:
-            bad = bad + (~torch.isfinite(c)).sum() + (c < 0).sum()
-        N = c.sum(-1)
+            bad = bad + bad_b
         Ns.append(N)
         pos = N > 0
-        x = c / N.clamp_min(1e-300).unsqueeze(-1)
         wp = wb * pos.unsqueeze(-1)
         W += wb.sum(0)
         Wpos += wp.sum(0)
-        Sx += wp.T @ x
-        Sx2 += wp.T @ (x * x)
+        Sx += sx
+        Sx2 += sx2
         Sinv += (wp / N.clamp_min(1e-300).unsqueeze(-1)).sum(0)
-        cst = torch.lgamma(N + 1) - torch.lgamma(c + 1).sum(-1)
         cs.append(cst)
         C += (wb * cst.unsqueeze(-1)).sum(0)
     empty = torch.zeros(0, dtype=torch.float64, device=dev)
@@ -357,7 +373,7 @@ def _stats(rows: _Rows, eta: Tensor, comps: Optional[Tensor], hessian: bool,
         e = eta.clone().requires_grad_(True)
         with torch.enable_grad():
             if k == 1:
-                ll = (log_lik(cb, e[0]) if unit
+                ll = (log_lik(cb, e[0]) if unit or isinstance(cb, SparseCounts)
                       else torch.ops.dirmult.log_lik(cb, e[0], False)).unsqueeze(-1)
             else:
                 ll = log_lik_components(cb, e)                        # (b, k)

@@ -49,12 +49,24 @@ def multinomial_naive_bayes(x_train: Tensor, y_train: Tensor, x_test: Tensor,
     """Multinomial naive Bayes with Laplace (add-``smoothing``) estimates:
     log p(c | n) = log prior_c + sum_v n_v log theta_cv + const, theta_c =
     (class column sums + smoothing) normalized. Returns predicted codes (B_test,)."""
+    from .sparse import as_sparse_counts, is_sparse_input
     Y = torch.nn.functional.one_hot(y_train, n_classes).to(torch.float64)
-    x_train = x_train.to(torch.float64)
-    counts = Y.T @ x_train + smoothing                               # (C, V)
+    if is_sparse_input(x_train):  # (the same sums from the nonzeros)
+        x_train, x_test = as_sparse_counts(x_train), _torch_csr(x_test)
+        counts = (x_train.transposed() @ Y.to(x_train.device)).T + smoothing
+    else:
+        x_train = x_train.to(torch.float64)
+        counts = Y.T @ x_train + smoothing                           # (C, V)
     log_theta = counts.log() - counts.sum(-1, keepdim=True).log()
-    log_prior = (Y.sum(0) / Y.shape[0]).clamp_min(1e-300).log()
-    return (x_test.to(torch.float64) @ log_theta.T + log_prior).argmax(-1)
+    log_prior = (Y.sum(0) / Y.shape[0]).clamp_min(1e-300).log().to(counts.device)
+    return (x_test.to(torch.float64) @ log_theta.T + log_prior).argmax(-1).cpu()
+
+
+def _torch_csr(x) -> Tensor:
+    """Sparse counts as a float64 torch sparse CSR tensor."""
+    from .sparse import _csr_tensor, as_sparse_counts
+    sc = as_sparse_counts(x)
+    return _csr_tensor(sc.crow_indices, sc.col_indices, sc.values.double(), sc.shape)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -108,7 +120,7 @@ def main(argv=None) -> int:
             source = "bundled UCI optical digits (Alpaydin & Kaynak 1998, CC BY 4.0)"
             k = 10 if args.k is None else args.k
         else:
-            counts = load_counts(args.file)
+            counts = load_counts(args.file)  # (sparse files stay sparse)
             source = args.file
             k = 1 if args.k is None else args.k
             if args.labels:
@@ -120,10 +132,15 @@ def main(argv=None) -> int:
         return 2
 
     B, V = counts.shape
-    N = counts.to(torch.float64).sum(-1)
+    if isinstance(counts, Tensor):
+        N = counts.to(torch.float64).sum(-1)
+        zeros = float((counts == 0).double().mean())
+    else:
+        N = counts.row_totals()
+        zeros = 1.0 - int((counts.values != 0).sum()) / max(B * V, 1)
     print(f"data: {source}")
     print(f"  {B} rows x {V} categories, {int(N.sum())} counts, row totals "
-          f"{int(N.min())}..{int(N.max())}, {float((counts == 0).double().mean()):.1%} zeros")
+          f"{int(N.min())}..{int(N.max())}, {zeros:.1%} zeros")
     print(f"device: {device}")
     params = {}
     t0 = time.perf_counter()

@@ -11,8 +11,11 @@ Formats, chosen by file name suffix:
   numeric is taken as a header and skipped.
 * ``.mtx`` (optionally ``.gz``): Matrix Market, read with ``scipy.io.mmread``.
 
-Every loader returns a dense ``(B, V)`` float32 torch tensor (float64 on
-request), after checking that the values are finite and non-negative.
+Sparse files (``.mtx`` and scipy-sparse ``.npz``) load as a
+:class:`dirmult_ext.SparseCounts`, read without densifying; the others as a
+dense ``(B, V)`` float32 torch tensor (float64 on request); ``sparse=`` asks
+for either form from any file. The values are checked to be finite and
+non-negative first.
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["load_counts", "load_labels"]
+__all__ = ["load_counts", "load_labels", "is_sparse_file"]
 
 _EXACT_FLOAT32 = 2 ** 24
 
@@ -109,8 +112,74 @@ def _read_any(path: str, key: Optional[str]) -> np.ndarray:
                      ".csv, .tsv, .txt (optionally .gz) or .mtx")
 
 
+def is_sparse_file(path) -> bool:
+    """Whether the file stores a sparse matrix: Matrix Market (``.mtx``,
+    ``.mtx.gz``) or a ``scipy.sparse.save_npz`` file."""
+    path = os.fspath(path)
+    suf = _suffix(path)
+    if suf in (".mtx", ".mtx.gz"):
+        return True
+    if suf == ".npz" and os.path.exists(path):
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                return "format" in z.files and "shape" in z.files
+        except (OSError, ValueError):
+            return False
+    return False
+
+
+def _read_sparse(path: str, key: Optional[str]):
+    """The file as a scipy.sparse CSR matrix: sparse formats as stored, the
+    others converted from their dense array."""
+    import scipy.sparse
+    suf = _suffix(path)
+    try:
+        if suf in (".mtx", ".mtx.gz"):
+            import scipy.io
+            m = scipy.io.mmread(path)
+        elif suf == ".npz" and key is None:
+            with np.load(path, allow_pickle=False) as z:
+                stored_sparse = "format" in z.files and "shape" in z.files
+            m = scipy.sparse.load_npz(path) if stored_sparse else _read_any(path, key)
+        else:
+            m = _read_any(path, key)
+    except (OSError, EOFError) as e:
+        raise ValueError(f"{path}: cannot read ({e})") from None
+    if not scipy.sparse.issparse(m):
+        m = np.asarray(m)
+        if m.ndim != 2:
+            raise ValueError(f"{path}: expected a 2-D (rows, categories) matrix, got "
+                             f"{m.ndim}-D shape {m.shape}")
+    return scipy.sparse.csr_matrix(m)
+
+
+def _load_sparse(path: str, dtype: torch.dtype, key: Optional[str], require_integer: bool):
+    from .sparse import SparseCounts
+    m = _read_sparse(path, key)
+    m.sum_duplicates()
+    if m.shape[0] == 0 or m.shape[1] == 0:
+        raise ValueError(f"{path}: empty matrix of shape {m.shape}")
+    if not (np.issubdtype(m.dtype, np.number) or m.dtype == np.bool_) or \
+            np.iscomplexobj(m.data):
+        raise ValueError(f"{path}: expected real numeric counts, got dtype {m.dtype}")
+    data = m.data.astype(np.float64, copy=False)
+    rows = np.repeat(np.arange(m.shape[0]), np.diff(m.indptr))
+    for bad, what in ((~np.isfinite(data), "non-finite value"), (data < 0, "negative count"),
+                      ((data != np.floor(data)) if require_integer else None,
+                       "non-integer count")):
+        if bad is not None and bad.any():
+            j = int(np.argmax(bad))
+            raise ValueError(f"{path}: {what} {data[j]} at row {rows[j]}, column "
+                             f"{m.indices[j]} ({int(bad.sum())} in all)")
+    if dtype == torch.float32 and data.size and data.max() > _EXACT_FLOAT32:
+        raise ValueError(f"{path}: counts up to {data.max():.0f} exceed 2^24 and are not "
+                         "exact in float32; pass dtype=torch.float64")
+    m.data = data.astype(np.float32 if dtype == torch.float32 else np.float64)
+    return SparseCounts.from_scipy(m)
+
+
 def load_counts(path, *, dtype: torch.dtype = torch.float32, key: Optional[str] = None,
-                require_integer: bool = False) -> Tensor:
+                require_integer: bool = False, sparse: Optional[bool] = None):
     """Read a count matrix.
 
     Args:
@@ -118,9 +187,13 @@ def load_counts(path, *, dtype: torch.dtype = torch.float32, key: Optional[str] 
         dtype: ``torch.float32`` (default) or ``torch.float64``.
         key: array name inside a multi-array ``.npz``.
         require_integer: also reject non-integer values.
+        sparse: ``True``: a :class:`dirmult_ext.SparseCounts` (values of
+            ``dtype``; dense formats are read dense and converted);
+            ``False``: a dense tensor (sparse files densified); ``None``
+            (default): sparse for sparse files (:func:`is_sparse_file`).
 
     Returns:
-        ``(B, V)`` dense tensor of ``dtype``.
+        ``(B, V)`` dense tensor of ``dtype``, or SparseCounts.
 
     Raises:
         FileNotFoundError: no such file.
@@ -133,6 +206,10 @@ def load_counts(path, *, dtype: torch.dtype = torch.float32, key: Optional[str] 
         raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path}: no such file")
+    if sparse is None:
+        sparse = key is None and is_sparse_file(path)
+    if sparse:
+        return _load_sparse(path, dtype, key, require_integer)
     arr = np.asarray(_read_any(path, key))
     if arr.dtype == object or not (np.issubdtype(arr.dtype, np.number)
                                    or arr.dtype == np.bool_):

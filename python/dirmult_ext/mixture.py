@@ -37,6 +37,8 @@ from .api import log_lik_components
 from .fit import (_HALVINGS, MAX_ALPHA, _Rows, _as_counts, _check_common,
                   _default_progress, _fixed_point_step, _moment_init, _newton_step,
                   _optimize, _prepass, _resolve_device, _stats)
+from .sparse import SparseCounts
+from .sparse_stats import sq_distances
 
 __all__ = ["fit_mixture", "DMMixture", "DMClassifier", "adjusted_rand_index",
            "best_permutation_accuracy"]
@@ -147,29 +149,39 @@ def _kmeanspp(rows: _Rows, k: int, gen: torch.Generator) -> Tensor:
     dev = rows.device
     B = rows.B
 
+    sparse_rows = isinstance(rows.counts, SparseCounts)  # (distances from the nonzeros)
+
     def props(s, e):
+        if sparse_rows:
+            return rows.counts[s:e].to(dev).proportions(rows.N[s:e])
         c = rows.counts[s:e].to(dev, torch.float64)
         return c / rows.N[s:e].clamp_min(1e-300).unsqueeze(-1)
+
+    def seed_props(s):
+        x = props(s, s + 1)
+        return x.to_dense() if sparse_rows else x
 
     bs = rows.batch_size
     valid = (rows.N > 0).to(torch.float64)
     if float(valid.sum()) == 0:
         raise ValueError("every row of counts sums to 0: nothing to cluster")
     first = int(torch.multinomial(valid.cpu(), 1, generator=gen))
-    centers = props(first, first + 1)
+    centers = seed_props(first)
     d2 = torch.full((B,), float("inf"), dtype=torch.float64, device=dev)
     for _ in range(1, k):
         for s in range(0, B, bs):
             x = props(s, s + bs)
-            d2[s:s + bs] = torch.minimum(d2[s:s + bs], ((x - centers[-1]) ** 2).sum(-1))
+            dist = (sq_distances(x, centers[-1:])[:, 0] if sparse_rows
+                    else ((x - centers[-1]) ** 2).sum(-1))
+            d2[s:s + bs] = torch.minimum(d2[s:s + bs], dist)
         p = (d2 * valid).clamp_min(0)
         p = p if float(p.sum()) > 0 else valid
         nxt = int(torch.multinomial(p.cpu(), 1, generator=gen))
-        centers = torch.cat([centers, props(nxt, nxt + 1)])
+        centers = torch.cat([centers, seed_props(nxt)])
     R = torch.empty(B, k, dtype=torch.float64, device=dev)
     for s in range(0, B, bs):
         x = props(s, s + bs)
-        nearest = torch.cdist(x, centers).argmin(-1)
+        nearest = (sq_distances(x, centers) if sparse_rows else torch.cdist(x, centers)).argmin(-1)
         R[s:s + bs] = torch.nn.functional.one_hot(nearest, k).to(torch.float64)
     return 0.9 * R + 0.1 / k if k > 1 else R
 

@@ -1096,6 +1096,10 @@ void components_backward_cpu(const Tensor& grad, const Tensor& counts, const Ten
 // Defined in components_cpu.cpp.
 Tensor log_lik_components_cpu(Tensor counts, Tensor log_alpha, bool normalize);
 Tensor log_lik_components_backward_cpu(Tensor grad, Tensor counts, Tensor log_alpha);
+// Defined in log_lik_csr_cpu.cpp.
+Tensor log_lik_csr_cpu(Tensor crow, Tensor col, Tensor val, Tensor log_alpha, bool normalize);
+Tensor log_lik_csr_backward_cpu(Tensor grad, Tensor crow, Tensor val, Tensor csc_ptr,
+                                Tensor csc_row, Tensor csc_val, Tensor log_alpha);
 
 }  // namespace dirmult
 
@@ -1108,4 +1112,6 @@ STABLE_TORCH_LIBRARY_IMPL(dirmult, CPU, m) {
   m.impl("log_lik_with_grad", DM_BOX(&dirmult::log_lik_with_grad_cpu));
   m.impl("poch_terms", DM_BOX(&dirmult::poch_terms_cpu));
   m.impl("tpoch_terms", DM_BOX(&dirmult::tpoch_terms_cpu));
+  m.impl("log_lik_csr", DM_BOX(&dirmult::log_lik_csr_cpu));
+  m.impl("log_lik_csr_backward", DM_BOX(&dirmult::log_lik_csr_backward_cpu));
 }

@@ -22,6 +22,9 @@ Tensor log_lik_components_backward_cuda(Tensor grad, Tensor counts, Tensor log_a
 std::tuple<Tensor, Tensor> log_lik_with_grad_cuda(Tensor counts, Tensor log_alpha, bool normalize);
 std::tuple<Tensor, Tensor> poch_terms_cuda(Tensor alpha, Tensor n);
 std::tuple<Tensor, Tensor> tpoch_terms_cuda(Tensor log_alpha, Tensor n);
+Tensor log_lik_csr_cuda(Tensor crow, Tensor col, Tensor val, Tensor log_alpha, bool normalize);
+Tensor log_lik_csr_backward_cuda(Tensor grad, Tensor crow, Tensor val, Tensor csc_ptr,
+                                 Tensor csc_row, Tensor csc_val, Tensor log_alpha);
 
 // log_lik of B rows of V native counts (contiguous) and shared float32
 // log_alpha (V,) into out[0 .. B), on stream (log_lik_cuda.cu).

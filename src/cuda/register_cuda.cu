@@ -12,4 +12,6 @@ STABLE_TORCH_LIBRARY_IMPL(dirmult, CUDA, m) {
   m.impl("log_lik_with_grad", DM_BOX(&dirmult::cuda::log_lik_with_grad_cuda));
   m.impl("poch_terms", DM_BOX(&dirmult::cuda::poch_terms_cuda));
   m.impl("tpoch_terms", DM_BOX(&dirmult::cuda::tpoch_terms_cuda));
+  m.impl("log_lik_csr", DM_BOX(&dirmult::cuda::log_lik_csr_cuda));
+  m.impl("log_lik_csr_backward", DM_BOX(&dirmult::cuda::log_lik_csr_backward_cuda));
 }

@@ -1,0 +1,265 @@
+// CPU kernels of dirmult::log_lik_csr and dirmult::log_lik_csr_backward:
+// counts as CSR parts (row offsets, column indices, values), log_alpha (V,)
+// shared or (K, V) components. Cost proportional to the nonzeros: a row's
+// zeros contribute nothing to its sums (math.h), so only its stored values
+// are visited. See Note [CSR inputs] and Note [CSR gradient].
+//
+// Forward: rows in parallel; per row N = sum of its values (double), the
+// sum over its nonzeros of lnpoch(alpha[col], n) in double, minus lnpoch(A,
+// N) in double, as the dense kernels (src/cpu/log_lik_cpu.cpp).
+// Backward: columns in parallel over the column-sorted copy, each summing
+// its rows in order; the row terms in fixed blocks of rows summed in order:
+// the same bits for any thread count (Note [Determinism]).
+#include <torch/csrc/stable/library.h>
+#include <torch/csrc/stable/ops.h>
+#include <torch/csrc/stable/tensor.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "../common/count_dispatch.h"
+#include "../common/csr_checks.h"
+#include "../common/csr_dispatch.h"
+#include "../common/safe_box.h"
+#include "dirmult/math.h"
+
+namespace dirmult {
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+// Columns per block of the concentration totals: fixed, so that A_k is the
+// same bits for any thread count.
+constexpr int64_t kCsrAlphaBlock = 4096;
+// Rows per block of the backward's row terms (fixed, as above).
+constexpr int64_t kCsrRowBlock = 4096;
+
+template <typename T>
+struct CsrColumn {
+  T a, log_a;
+  ExactFactors<T> f;
+};
+
+// exp(log_alpha) and the exact-path factors of every (column, component),
+// laid out (V, K) so that a nonzero's K components are adjacent, and the
+// totals A_k with whether component k's log_alpha is all finite.
+template <typename T>
+struct CsrAlpha {
+  int64_t V, K;
+  std::vector<CsrColumn<T>> cols;
+  std::vector<double> A;
+  std::vector<char> finite;
+
+  CsrAlpha(const T* la, int64_t K_, int64_t V_) : V(V_), K(K_), cols(V_ * K_), A(K_, 0.0),
+                                                  finite(K_, 1) {
+    const int64_t blocks = (V + kCsrAlphaBlock - 1) / kCsrAlphaBlock;
+    std::vector<double> part(blocks * K, 0.0);
+    std::vector<char> part_finite(blocks * K, 1);
+    torch::stable::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
+      for (int64_t b = b0; b < b1; ++b) {
+        const int64_t v0 = b * kCsrAlphaBlock, v1 = std::min(V, v0 + kCsrAlphaBlock);
+        for (int64_t k = 0; k < K; ++k) {
+          double s = 0.0;
+          bool fin = true;
+          for (int64_t v = v0; v < v1; ++v) {
+            const T l = la[k * V + v];
+            const T a = dm_exp(l);
+            cols[v * K + k] = {a, l, exact_factors(a)};
+            s += static_cast<double>(a);
+            fin = fin && is_finite(l);
+          }
+          part[b * K + k] = s;
+          part_finite[b * K + k] = fin;
+        }
+      }
+    });
+    for (int64_t b = 0; b < blocks; ++b) {
+      for (int64_t k = 0; k < K; ++k) {
+        A[k] += part[b * K + k];
+        finite[k] = finite[k] && part_finite[b * K + k];
+      }
+    }
+  }
+};
+
+// -lnpoch(A, N) [+ log N! when normalized]: the dense kernels' row term.
+inline double csr_row_term(double A, double N, bool normalize) {
+  double t = -lnpoch<double>(A, std::log(A), N);
+  if (normalize) t += log_factorial<double>(N);
+  return t;
+}
+
+// Row b's nonzeros [j0, j1), or false when its offsets are not a range of
+// the nonzeros (then the row is NaN and nothing is read).
+template <typename index_t>
+inline bool row_range(const index_t* crow, int64_t b, int64_t nnz, int64_t& j0, int64_t& j1) {
+  j0 = static_cast<int64_t>(crow[b]);
+  j1 = static_cast<int64_t>(crow[b + 1]);
+  return 0 <= j0 && j0 <= j1 && j1 <= nnz;
+}
+
+template <typename scalar_t, typename value_t, typename index_t>
+void csr_forward(const index_t* crow, const index_t* col, const value_t* val, int64_t B,
+                 int64_t nnz, const CsrAlpha<scalar_t>& p, bool normalize, scalar_t* out) {
+  const int64_t K = p.K, V = p.V;
+  torch::stable::parallel_for(0, B, 64, [&](int64_t b0, int64_t b1) {
+    std::vector<double> s(K);
+    for (int64_t b = b0; b < b1; ++b) {
+      int64_t j0, j1;
+      bool ok = row_range(crow, b, nnz, j0, j1);
+      std::fill(s.begin(), s.end(), 0.0);
+      double N = 0.0;
+      for (int64_t j = j0; ok && j < j1; ++j) {
+        const int64_t c = static_cast<int64_t>(col[j]);
+        const scalar_t n = static_cast<scalar_t>(val[j]);
+        if (c < 0 || c >= V || !is_valid_count(n)) {
+          ok = false;  // a column outside [0, V) or a bad count: the row is NaN
+          break;
+        }
+        if (n == scalar_t(0)) continue;
+        N += static_cast<double>(val[j]);
+        const scalar_t lf = normalize ? log_factorial(n) : scalar_t(0);
+        const CsrColumn<scalar_t>* cs = p.cols.data() + c * K;
+        for (int64_t k = 0; k < K; ++k) {
+          s[k] += static_cast<double>(lnpoch(cs[k].f, cs[k].a, cs[k].log_a, n));
+          if (normalize) s[k] -= static_cast<double>(lf);
+        }
+      }
+      for (int64_t k = 0; k < K; ++k) {
+        out[b * K + k] = static_cast<scalar_t>(
+            ok && p.finite[k] ? s[k] + csr_row_term(p.A[k], N, normalize) : kNaN);
+      }
+    }
+  });
+}
+
+// grad_la[k, v] = sum over column v's nonzeros j (row r) of g[r, k]
+// adpoch(a_kv, n_j) - a_kv S_k, S_k = sum_b g[b, k] dpoch(A_k, N_b). Rows
+// with g = 0 do not enter (as the dense backward: zero_weight_rows).
+template <typename scalar_t, typename value_t, typename index_t>
+void csr_backward(const scalar_t* grad, const index_t* crow, const value_t* val,
+                  const index_t* csc_ptr, const index_t* csc_row, const value_t* csc_val,
+                  int64_t B, int64_t nnz, const CsrAlpha<scalar_t>& p, scalar_t* grad_la) {
+  const int64_t K = p.K, V = p.V;
+  const int64_t blocks = (B + kCsrRowBlock - 1) / kCsrRowBlock;
+  std::vector<double> part(blocks * K, 0.0);
+  torch::stable::parallel_for(0, blocks, 1, [&](int64_t k0, int64_t k1) {
+    for (int64_t blk = k0; blk < k1; ++blk) {
+      for (int64_t b = blk * kCsrRowBlock; b < std::min(B, (blk + 1) * kCsrRowBlock); ++b) {
+        int64_t j0, j1;
+        double N = row_range(crow, b, nnz, j0, j1) ? 0.0 : kNaN;
+        for (int64_t j = j0; N == N && j < j1; ++j) {
+          const scalar_t n = static_cast<scalar_t>(val[j]);
+          N = is_valid_count(n) ? N + static_cast<double>(val[j]) : kNaN;
+        }
+        for (int64_t k = 0; k < K; ++k) {
+          const double g = static_cast<double>(grad[b * K + k]);
+          if (g != 0.0) part[blk * K + k] += N == N ? g * dpoch<double>(p.A[k], N) : kNaN;
+        }
+      }
+    }
+  });
+  std::vector<double> S(K, 0.0);
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    for (int64_t k = 0; k < K; ++k) S[k] += part[blk * K + k];
+  }
+  for (int64_t k = 0; k < K; ++k) {
+    if (!p.finite[k]) S[k] = kNaN;
+  }
+  torch::stable::parallel_for(0, V, 256, [&](int64_t v0, int64_t v1) {
+    std::vector<double> c(K);
+    for (int64_t v = v0; v < v1; ++v) {
+      std::fill(c.begin(), c.end(), 0.0);
+      const CsrColumn<scalar_t>* cs = p.cols.data() + v * K;
+      int64_t j0 = static_cast<int64_t>(csc_ptr[v]), j1 = static_cast<int64_t>(csc_ptr[v + 1]);
+      if (!(0 <= j0 && j0 <= j1 && j1 <= nnz)) {
+        std::fill(c.begin(), c.end(), kNaN);
+        j1 = j0;
+      }
+      for (int64_t j = j0; j < j1; ++j) {
+        const int64_t r = static_cast<int64_t>(csc_row[j]);
+        const scalar_t n = static_cast<scalar_t>(csc_val[j]);
+        if (r < 0 || r >= B) {
+          std::fill(c.begin(), c.end(), kNaN);
+          break;
+        }
+        // (A bad count's row has N NaN: S_k and so the gradient are NaN.)
+        if (n == scalar_t(0) || !is_valid_count(n)) continue;
+        for (int64_t k = 0; k < K; ++k) {
+          const double g = static_cast<double>(grad[r * K + k]);
+          if (g != 0.0) c[k] += g * static_cast<double>(adpoch(cs[k].f, cs[k].a, n));
+        }
+      }
+      for (int64_t k = 0; k < K; ++k) {
+        grad_la[k * V + v] = static_cast<scalar_t>(c[k] - static_cast<double>(cs[k].a) * S[k]);
+      }
+    }
+  });
+}
+
+std::vector<int64_t> csr_out_shape(int64_t B, const Tensor& log_alpha) {
+  if (log_alpha.dim() == 1) return {B};
+  return {B, log_alpha.size(0)};
+}
+
+}  // namespace
+
+Tensor log_lik_csr_cpu(Tensor crow, Tensor col, Tensor val, Tensor log_alpha, bool normalize) {
+  check_csr_parts(crow, col, val, log_alpha);
+  crow = as_contiguous(crow);
+  col = as_contiguous(col);
+  val = as_contiguous(val);
+  log_alpha = as_contiguous(log_alpha);
+  const int64_t B = crow.numel() - 1, nnz = val.numel();
+  const int64_t K = log_alpha.dim() == 1 ? 1 : log_alpha.size(0);
+  const int64_t V = log_alpha.size(log_alpha.dim() - 1);
+  Tensor out = torch::stable::new_empty(log_alpha, csr_out_shape(B, log_alpha));
+  if (B == 0 || K == 0) return out;
+  DM_DISPATCH_COMPUTE(log_alpha.scalar_type(), [&] {
+    const CsrAlpha<scalar_t> p(static_cast<const scalar_t*>(log_alpha.const_data_ptr()), K, V);
+    DM_DISPATCH_CSR(crow.scalar_type(), val.scalar_type(), [&] {
+      csr_forward<scalar_t, value_t, index_t>(
+          static_cast<const index_t*>(crow.const_data_ptr()),
+          static_cast<const index_t*>(col.const_data_ptr()),
+          static_cast<const value_t*>(val.const_data_ptr()), B, nnz, p, normalize,
+          static_cast<scalar_t*>(out.mutable_data_ptr()));
+    });
+  });
+  return out;
+}
+
+Tensor log_lik_csr_backward_cpu(Tensor grad, Tensor crow, Tensor val, Tensor csc_ptr,
+                                Tensor csc_row, Tensor csc_val, Tensor log_alpha) {
+  check_csr_backward_parts(grad, crow, val, csc_ptr, csc_row, csc_val, log_alpha);
+  grad = as_contiguous(grad);
+  crow = as_contiguous(crow);
+  val = as_contiguous(val);
+  csc_ptr = as_contiguous(csc_ptr);
+  csc_row = as_contiguous(csc_row);
+  csc_val = as_contiguous(csc_val);
+  log_alpha = as_contiguous(log_alpha);
+  const int64_t B = crow.numel() - 1, nnz = val.numel();
+  const int64_t K = log_alpha.dim() == 1 ? 1 : log_alpha.size(0);
+  const int64_t V = log_alpha.size(log_alpha.dim() - 1);
+  Tensor grad_la = torch::stable::new_zeros(log_alpha, log_alpha.sizes());
+  if (K == 0 || V == 0) return grad_la;
+  DM_DISPATCH_COMPUTE(log_alpha.scalar_type(), [&] {
+    const CsrAlpha<scalar_t> p(static_cast<const scalar_t*>(log_alpha.const_data_ptr()), K, V);
+    DM_DISPATCH_CSR(crow.scalar_type(), val.scalar_type(), [&] {
+      csr_backward<scalar_t, value_t, index_t>(
+          static_cast<const scalar_t*>(grad.const_data_ptr()),
+          static_cast<const index_t*>(crow.const_data_ptr()),
+          static_cast<const value_t*>(val.const_data_ptr()),
+          static_cast<const index_t*>(csc_ptr.const_data_ptr()),
+          static_cast<const index_t*>(csc_row.const_data_ptr()),
+          static_cast<const value_t*>(csc_val.const_data_ptr()), B, nnz, p,
+          static_cast<scalar_t*>(grad_la.mutable_data_ptr()));
+    });
+  });
+  return grad_la;
+}
+
+}  // namespace dirmult

@@ -1,0 +1,104 @@
+// Per-(column, component) concentration state for the CSR kernels and the
+// totals A_k, computed once per call (no exp or division per nonzero).
+// See Note [CSR inputs].
+#pragma once
+
+#include "ceil_div.cuh"
+#include "warp_reduce.cuh"
+#include "dirmult/math.h"
+
+namespace dirmult {
+namespace cuda {
+
+// alpha, log alpha and the exact-path factors: one 16-byte gather per
+// nonzero in float32. Laid out (V, K): a nonzero's K components adjacent.
+template <typename T>
+struct alignas(4 * sizeof(T)) CsrColumn {
+  T a, log_a, base, step;
+
+  __device__ __forceinline__ ExactFactors<T> factors() const {
+    return {base, step, a < Tuning<T>::kStirlingMin};
+  }
+};
+
+template <typename T>
+__device__ __forceinline__ CsrColumn<T> load_csr_column(const CsrColumn<T>* p) {
+  CsrColumn<T> c;
+  if constexpr (sizeof(T) == 4) {
+    const float4 x = __ldg(reinterpret_cast<const float4*>(p));
+    c.a = x.x, c.log_a = x.y, c.base = x.z, c.step = x.w;
+  } else {
+    const double2 x0 = __ldg(reinterpret_cast<const double2*>(p));
+    const double2 x1 = __ldg(reinterpret_cast<const double2*>(p) + 1);
+    c.a = x0.x, c.log_a = x0.y, c.base = x1.x, c.step = x1.y;
+  }
+  return c;
+}
+
+constexpr int kCsrPrepThreads = 256;
+constexpr int kCsrMaxPrepBlocks = 32;
+
+inline int csr_prep_blocks(int64_t V) {
+  return static_cast<int>(std::min<int64_t>(
+      kCsrMaxPrepBlocks, std::max<int64_t>(1, ceil_div(V, kCsrPrepThreads))));
+}
+
+// grid (nblk, K): block (blk, k) fills the columns v = blk * 256 + t, +
+// nblk * 256, ... of component k and writes their alpha sum to
+// Apart[k * nblk + blk] (NaN if any log_alpha there is not finite). The
+// order depends on (V, nblk) only.
+template <typename T>
+__global__ void __launch_bounds__(kCsrPrepThreads)
+    csr_alpha_prep_kernel(const T* __restrict__ log_alpha, int64_t V, int K,
+                          CsrColumn<T>* __restrict__ cols, double* __restrict__ Apart) {
+  const int blk = blockIdx.x, nblk = gridDim.x, k = blockIdx.y;
+  double s = 0.0;
+  bool finite = true;
+  for (int64_t v = static_cast<int64_t>(blk) * kCsrPrepThreads + threadIdx.x; v < V;
+       v += static_cast<int64_t>(nblk) * kCsrPrepThreads) {
+    const T la = log_alpha[static_cast<int64_t>(k) * V + v];
+    const T a = dm_exp(la);
+    const ExactFactors<T> f = exact_factors(a);
+    cols[v * K + k] = {a, la, f.base, f.step};
+    s += static_cast<double>(a);
+    finite = finite && is_finite(la);
+  }
+  __shared__ double warp_part[kCsrPrepThreads / 32];
+  __shared__ int warp_finite[kCsrPrepThreads / 32];
+  s = warp_sum(s);
+  const int all_finite = __all_sync(0xffffffffu, finite);
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  if (lane == 0) warp_part[w] = s, warp_finite[w] = all_finite;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double t = 0.0;
+    bool fin = true;
+    for (int i = 0; i < kCsrPrepThreads / 32; ++i) t += warp_part[i], fin = fin && warp_finite[i];
+    Apart[static_cast<int64_t>(k) * nblk + blk] = fin ? t : static_cast<double>(NAN);
+  }
+}
+
+// A[k] = the sum of Apart[k * nblk ..] in order; one thread per component.
+__global__ void csr_alpha_totals_kernel(const double* __restrict__ Apart, int nblk, int K,
+                                        double* __restrict__ A) {
+  const int k = blockIdx.x * blockDim.x + threadIdx.x;
+  if (k >= K) return;
+  double t = 0.0;
+  for (int i = 0; i < nblk; ++i) t += Apart[static_cast<int64_t>(k) * nblk + i];
+  A[k] = t;
+}
+
+// Row b's nonzeros [j0, j1); false (and an empty range) when the offsets
+// are not a range of the nonzeros.
+template <typename index_t>
+__device__ __forceinline__ bool csr_row_range(const index_t* __restrict__ crow, int64_t b,
+                                              int64_t nnz, int64_t& j0, int64_t& j1) {
+  j0 = static_cast<int64_t>(__ldg(crow + b));
+  j1 = static_cast<int64_t>(__ldg(crow + b + 1));
+  const bool ok = 0 <= j0 && j0 <= j1 && j1 <= nnz;
+  if (!ok) j0 = j1 = 0;
+  return ok;
+}
+
+}  // namespace cuda
+}  // namespace dirmult

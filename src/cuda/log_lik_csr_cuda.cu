@@ -1,0 +1,142 @@
+// dirmult::log_lik_csr and dirmult::log_lik_csr_backward on CUDA: the
+// launchers. Kernels in kernels/csr_*.cuh; See Note [CSR inputs] and Note
+// [CSR gradient].
+#include <torch/csrc/stable/library.h>
+#include <torch/csrc/stable/ops.h>
+#include <torch/csrc/stable/tensor.h>
+
+#include <vector>
+
+#include "../common/count_dispatch.h"
+#include "../common/csr_checks.h"
+#include "../common/csr_dispatch.h"
+#include "kernels/ceil_div.cuh"
+#include "launch.h"
+#include "kernels/csr_alpha.cuh"
+#include "kernels/csr_backward.cuh"
+#include "kernels/csr_forward.cuh"
+
+namespace dirmult {
+namespace cuda {
+namespace {
+
+// The prepared concentrations of one call: cols (V, K) and the totals A (K,).
+struct CsrPrep {
+  Tensor cols, A;
+};
+
+template <typename T>
+CsrPrep prepare_alpha(const Tensor& log_alpha, int64_t K, int64_t V, cudaStream_t stream) {
+  const int nblk = csr_prep_blocks(V);
+  CsrPrep p;
+  p.cols = torch::stable::new_empty(log_alpha, {std::max<int64_t>(V * K, 1) * 4});
+  Tensor Apart = torch::stable::new_empty(log_alpha, {K * nblk}, ScalarType::Double);
+  p.A = torch::stable::new_empty(log_alpha, {K}, ScalarType::Double);
+  csr_alpha_prep_kernel<T><<<dim3(nblk, static_cast<unsigned>(K)), kCsrPrepThreads, 0, stream>>>(
+      static_cast<const T*>(log_alpha.const_data_ptr()), V, static_cast<int>(K),
+      static_cast<CsrColumn<T>*>(p.cols.mutable_data_ptr()),
+      static_cast<double*>(Apart.mutable_data_ptr()));
+  DM_CUDA_CHECK_LAUNCH();
+  csr_alpha_totals_kernel<<<static_cast<unsigned>(ceil_div(K, 32)), 32, 0, stream>>>(
+      static_cast<const double*>(Apart.const_data_ptr()), nblk, static_cast<int>(K),
+      static_cast<double*>(p.A.mutable_data_ptr()));
+  DM_CUDA_CHECK_LAUNCH();
+  return p;
+}
+
+std::vector<int64_t> csr_out_shape(int64_t B, const Tensor& log_alpha) {
+  if (log_alpha.dim() == 1) return {B};
+  return {B, log_alpha.size(0)};
+}
+
+}  // namespace
+
+Tensor log_lik_csr_cuda(Tensor crow, Tensor col, Tensor val, Tensor log_alpha, bool normalize) {
+  check_csr_parts(crow, col, val, log_alpha);
+  torch::stable::accelerator::DeviceGuard guard(log_alpha.get_device_index());
+  crow = as_contiguous(crow);
+  col = as_contiguous(col);
+  val = as_contiguous(val);
+  log_alpha = as_contiguous(log_alpha);
+  const int64_t B = crow.numel() - 1, nnz = val.numel();
+  const int64_t K = log_alpha.dim() == 1 ? 1 : log_alpha.size(0);
+  const int64_t V = log_alpha.size(log_alpha.dim() - 1);
+  STD_TORCH_CHECK(K <= 65535, "dirmult: at most 65535 components with CSR counts on CUDA");
+  Tensor out = torch::stable::new_empty(log_alpha, csr_out_shape(B, log_alpha));
+  if (B == 0 || K == 0) return out;
+  const cudaStream_t stream = current_stream(log_alpha.get_device_index());
+  DM_DISPATCH_COMPUTE(log_alpha.scalar_type(), [&] {
+    const CsrPrep p = prepare_alpha<scalar_t>(log_alpha, K, V, stream);
+    DM_DISPATCH_CSR(crow.scalar_type(), val.scalar_type(), [&] {
+      csr_forward_kernel<scalar_t, value_t, index_t>
+          <<<static_cast<unsigned>(ceil_div(B, kCsrRowsPerBlock)), kCsrRowsPerBlock * 32, 0,
+             stream>>>(static_cast<const index_t*>(crow.const_data_ptr()),
+                       static_cast<const index_t*>(col.const_data_ptr()),
+                       static_cast<const value_t*>(val.const_data_ptr()), B, nnz, V,
+                       static_cast<int>(K),
+                       static_cast<const CsrColumn<scalar_t>*>(p.cols.const_data_ptr()),
+                       static_cast<const double*>(p.A.const_data_ptr()), normalize,
+                       static_cast<scalar_t*>(out.mutable_data_ptr()));
+      DM_CUDA_CHECK_LAUNCH();
+    });
+  });
+  return out;
+}
+
+Tensor log_lik_csr_backward_cuda(Tensor grad, Tensor crow, Tensor val, Tensor csc_ptr,
+                                 Tensor csc_row, Tensor csc_val, Tensor log_alpha) {
+  check_csr_backward_parts(grad, crow, val, csc_ptr, csc_row, csc_val, log_alpha);
+  torch::stable::accelerator::DeviceGuard guard(log_alpha.get_device_index());
+  grad = as_contiguous(grad);
+  crow = as_contiguous(crow);
+  val = as_contiguous(val);
+  csc_ptr = as_contiguous(csc_ptr);
+  csc_row = as_contiguous(csc_row);
+  csc_val = as_contiguous(csc_val);
+  log_alpha = as_contiguous(log_alpha);
+  const int64_t B = crow.numel() - 1, nnz = val.numel();
+  const int64_t K = log_alpha.dim() == 1 ? 1 : log_alpha.size(0);
+  const int64_t V = log_alpha.size(log_alpha.dim() - 1);
+  STD_TORCH_CHECK(K <= 65535, "dirmult: at most 65535 components with CSR counts on CUDA");
+  Tensor grad_la = torch::stable::new_empty(log_alpha, log_alpha.sizes());
+  if (K == 0 || V == 0) return grad_la;
+  const cudaStream_t stream = current_stream(log_alpha.get_device_index());
+  const int64_t warps = ceil_div(B, kCsrRowsPerWarp);
+  Tensor part = torch::stable::new_empty(log_alpha, {std::max<int64_t>(warps * K, 1)},
+                                         ScalarType::Double);
+  Tensor S = torch::stable::new_empty(log_alpha, {K}, ScalarType::Double);
+  DM_DISPATCH_COMPUTE(log_alpha.scalar_type(), [&] {
+    const CsrPrep p = prepare_alpha<scalar_t>(log_alpha, K, V, stream);
+    DM_DISPATCH_CSR(crow.scalar_type(), val.scalar_type(), [&] {
+      const auto* g = static_cast<const scalar_t*>(grad.const_data_ptr());
+      const auto* A = static_cast<const double*>(p.A.const_data_ptr());
+      if (warps > 0) {
+        csr_row_weights_kernel<scalar_t, value_t, index_t>
+            <<<static_cast<unsigned>(ceil_div(warps, kCsrBackwardWarps)), kCsrBackwardWarps * 32,
+               0, stream>>>(g, static_cast<const index_t*>(crow.const_data_ptr()),
+                            static_cast<const value_t*>(val.const_data_ptr()), B, nnz,
+                            static_cast<int>(K), A, warps,
+                            static_cast<double*>(part.mutable_data_ptr()));
+        DM_CUDA_CHECK_LAUNCH();
+      }
+      csr_sum_weights_kernel<<<static_cast<unsigned>(K), kCsrSumThreads, 0, stream>>>(
+          static_cast<const double*>(part.const_data_ptr()), warps, static_cast<int>(K), A,
+          static_cast<double*>(S.mutable_data_ptr()));
+      DM_CUDA_CHECK_LAUNCH();
+      csr_column_grad_kernel<scalar_t, value_t, index_t>
+          <<<static_cast<unsigned>(ceil_div(V, kCsrBackwardWarps)), kCsrBackwardWarps * 32, 0,
+             stream>>>(g, static_cast<const index_t*>(csc_ptr.const_data_ptr()),
+                       static_cast<const index_t*>(csc_row.const_data_ptr()),
+                       static_cast<const value_t*>(csc_val.const_data_ptr()), B, nnz, V,
+                       static_cast<int>(K),
+                       static_cast<const CsrColumn<scalar_t>*>(p.cols.const_data_ptr()),
+                       static_cast<const double*>(S.const_data_ptr()),
+                       static_cast<scalar_t*>(grad_la.mutable_data_ptr()));
+      DM_CUDA_CHECK_LAUNCH();
+    });
+  });
+  return grad_la;
+}
+
+}  // namespace cuda
+}  // namespace dirmult
