@@ -47,11 +47,30 @@ def _opcheck_cases(op, device):
         "tpoch_terms": [(torch.randn(10, device=device), torch.rand(10, device=device) * 20),
                         (torch.randn(10, device=device).double(),
                          torch.randint(0, 17, (10,), device=device).double())],
+        "log_lik_csr": [_csr_parts(counts) + (la, False), _csr_parts(counts) + (la_k, True),
+                        _csr_parts(d(counts)) + (d(la).requires_grad_(), True)],
+        "log_lik_csr_backward": [_csr_backward_args(grad, counts, la.detach()),
+                                 _csr_backward_args(torch.randn(6, 3, device=device), counts,
+                                                    la_k.detach()),
+                                 _csr_backward_args(d(grad), d(counts), d(la))],
     }[op]
 
 
+def _csr_parts(counts):
+    """A dense (B, V) matrix's CSR parts (crow, col, values), int64 indices."""
+    t = counts.to_sparse_csr()
+    return t.crow_indices(), t.col_indices(), t.values()
+
+
+def _csr_backward_args(grad, counts, log_alpha):
+    from dirmult_ext.sparse import csc_parts
+    crow, col, values = _csr_parts(counts)
+    return (grad, crow, values, *csc_parts(crow, col, values, counts.shape[1]), log_alpha)
+
+
 OPS = ["log_lik", "log_lik_backward", "log_lik_with_grad", "log_lik_components",
-       "log_lik_components_backward", "poch_terms", "tpoch_terms"]
+       "log_lik_components_backward", "poch_terms", "tpoch_terms", "log_lik_csr",
+       "log_lik_csr_backward"]
 
 
 def test_every_op_is_checked():

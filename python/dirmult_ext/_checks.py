@@ -209,6 +209,58 @@ def op_tpoch_terms(log_alpha, n, *_):
     _elementwise_terms("tpoch_terms", log_alpha, n)
 
 
+def _csr_parts(crow, col, values, log_alpha) -> None:
+    for t, name in ((crow, "crow_indices"), (col, "col_indices"), (values, "values"),
+                    (log_alpha, "log_alpha")):
+        _dense(t, name)
+    if crow.dim() != 1 or col.dim() != 1 or values.dim() != 1:
+        _fail("crow_indices, col_indices and values must be 1-d")
+    if crow.numel() < 1:
+        _fail("crow_indices must have B + 1 >= 1 entries")
+    if crow.dtype not in (torch.int32, torch.int64) or col.dtype != crow.dtype:
+        _fail("crow_indices and col_indices must both be int32 or both int64")
+    if values.dtype not in COMPUTE_DTYPES:
+        _fail("values must be float32 or float64")
+    if col.numel() != values.numel():
+        _fail("col_indices and values must have the same length")
+    if log_alpha.dtype not in COMPUTE_DTYPES:
+        _fail("log_alpha must be float32 or float64")
+    if log_alpha.dim() not in (1, 2):
+        _fail("log_alpha must be (V,) or (K, V) with CSR counts")
+    _same_device(crow, "crow_indices", col, "col_indices")
+    _same_device(crow, "crow_indices", values, "values")
+    _same_device(crow, "crow_indices", log_alpha, "log_alpha")
+    if log_alpha.is_cuda and log_alpha.dim() == 2 and log_alpha.shape[0] > 65535:
+        _fail("at most 65535 components with CSR counts on CUDA")
+
+
+def op_log_lik_csr(crow, col, values, log_alpha, *_):
+    _csr_parts(crow, col, values, log_alpha)
+
+
+def op_log_lik_csr_backward(grad, crow, values, csc_ptr, csc_rows, csc_values, log_alpha):
+    _csr_parts(crow, csc_rows, values, log_alpha)
+    for t, name in ((grad, "grad"), (csc_ptr, "csc_ptr"), (csc_values, "csc_values")):
+        _dense(t, name)
+    B, V = crow.numel() - 1, log_alpha.shape[-1]
+    if csc_ptr.dim() != 1 or csc_ptr.numel() != V + 1 or csc_ptr.dtype != crow.dtype:
+        _fail("csc_ptr must be (V + 1,) of crow_indices' dtype")
+    if (csc_values.dim() != 1 or csc_values.numel() != values.numel()
+            or csc_values.dtype != values.dtype):
+        _fail("csc_values must be values' length and dtype")
+    if grad.dtype != log_alpha.dtype:
+        _fail("grad must have log_alpha's dtype")
+    if log_alpha.dim() == 1:
+        ok = grad.dim() == 1 and grad.shape[0] == B
+    else:
+        ok = grad.dim() == 2 and grad.shape[0] == B and grad.shape[1] == log_alpha.shape[0]
+    if not ok:
+        _fail("grad must be (B,) for (V,) log_alpha, (B, K) for (K, V)")
+    _same_device(crow, "crow_indices", grad, "grad")
+    _same_device(crow, "crow_indices", csc_ptr, "csc_ptr")
+    _same_device(crow, "crow_indices", csc_values, "csc_values")
+
+
 OP_CHECKS = {
     "log_lik": op_log_lik,
     "log_lik_backward": op_log_lik_backward,
@@ -217,4 +269,6 @@ OP_CHECKS = {
     "log_lik_components_backward": op_log_lik_components_backward,
     "poch_terms": op_poch_terms,
     "tpoch_terms": op_tpoch_terms,
+    "log_lik_csr": op_log_lik_csr,
+    "log_lik_csr_backward": op_log_lik_csr_backward,
 }
