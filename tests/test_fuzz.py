@@ -170,7 +170,10 @@ def _bad_case(r, g, device, what):
         "not a tensor": [(lambda: api.log_lik(counts.tolist(), la), ["counts"]),
                          (lambda: api.log_lik(counts, alpha=la.tolist()), ["alpha"])],
         "poch_terms sizes": [(lambda: ops.poch_terms(la, la[:-1]), ["log_alpha", "n"])],
-        "sparse counts": [(lambda: api.log_lik(counts.to_sparse(), la), ["counts"]),
+        "sparse counts": [(lambda: api.log_lik(counts.to_sparse(), la[:-1]), ["log_alpha"]),
+                          (lambda: api.log_lik(counts.to_sparse(),
+                                               la.expand(counts.shape).contiguous()),
+                           ["log_alpha"]),
                           # (natively the dispatcher's error: no sparse kernel)
                           (lambda: ops.log_lik(counts.to_sparse(), la, False),
                            ["counts", "'SparseCPU' backend", "'SparseCUDA' backend"])],
