@@ -197,7 +197,7 @@ double add_row_gradient(const count_t* row, int64_t V, double g,
     return ok ? rare_N : kNaN;
   }
   const scalar_t* t = table.data();
-  auto add = [&](int64_t v) {
+  auto add = [&](int64_t v) DM_ALWAYS_INLINE {
     const scalar_t n = static_cast<scalar_t>(row[v]);
     int idx;
     if (table_index(n, idx)) {

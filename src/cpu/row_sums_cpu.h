@@ -29,6 +29,16 @@ namespace cpu {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
+// DM_ALWAYS_INLINE on a lambda: inlined at every call. The per-count steps of
+// the row loops carry it: GCC's inliner otherwise stops at a limit on each
+// file's growth, so that whether they are inlined, and the table path's
+// speed, would depend on what else their file holds (BENCHMARKS.md, CPU).
+#if defined(__GNUC__) || defined(__clang__)
+#define DM_ALWAYS_INLINE __attribute__((always_inline))
+#else
+#define DM_ALWAYS_INLINE
+#endif
+
 // The per-row part that does not depend on the columns:
 // -lnpoch(A, N) [+ log N! when normalized].
 inline double row_term(double A, double N, bool normalize) {
@@ -156,7 +166,7 @@ RowSums lnp_row_sums(const count_t* row, int64_t v0, int64_t v1,
           cpu::shared_lnpoch8_avx2(sa.alpha.data() + v, sa.log_alpha + v, n, term,
                                    nonzero, done);
           // Lane j's term as add_math_term adds it (its count is 0..16).
-          auto add_done = [&](int j) {
+          auto add_done = [&](int j) DM_ALWAYS_INLINE {
             rare.N += static_cast<double>(row[v + j]);
             rare.s += static_cast<double>(term[j]);
             if (normalize) rare.s -= static_cast<double>(log_fact[static_cast<int>(n[j])]);
@@ -185,7 +195,7 @@ RowSums lnp_row_sums(const count_t* row, int64_t v0, int64_t v1,
   const scalar_t* t = table.data();
   double s[4] = {0.0, 0.0, 0.0, 0.0};
   int64_t table_N = 0;
-  auto add = [&](int64_t v, double& sum) {
+  auto add = [&](int64_t v, double& sum) DM_ALWAYS_INLINE {
     const scalar_t n = static_cast<scalar_t>(row[v]);
     int idx;
     if (table_index(n, idx)) {
