@@ -26,7 +26,11 @@
 //     return out;
 //   }
 //
-// Inside the body, decltype(t)::scalar_t and ::count_t name the types.
+// Inside the body, decltype(t)::scalar_t and ::count_t name the types. The
+// other ops: LogLikBackwardArgs(grad, counts, log_alpha), LogLikArgs(counts,
+// log_alpha, check_log_lik_with_grad), ComponentsArgs(counts, log_alpha),
+// ComponentsBackwardArgs(grad, counts, log_alpha), PochTermsArgs(log_alpha,
+// n).
 #pragma once
 
 #include <torch/csrc/stable/tensor.h>
@@ -92,6 +96,7 @@ void dispatch_typed(const Tensor& counts, const Tensor& log_alpha, const Tensor*
 // counts' shape. check: check_log_alpha, or check_log_lik_with_grad.
 template <typename Device>
 struct LogLikArgs {
+  using device_type = Device;
   bool shared;  // log_alpha (V,), shared by the rows
   typename Device::Guard guard;
   Tensor counts, log_alpha;  // contiguous
@@ -120,25 +125,10 @@ struct LogLikArgs {
         B(num_rows(counts)) {}
 };
 
-// log_lik_backward: LogLikArgs and the incoming gradient, one per row.
-template <typename Device>
-struct LogLikBackwardArgs : LogLikArgs<Device> {
-  Tensor grad;  // contiguous
-
-  LogLikBackwardArgs(const Tensor& grad_, const Tensor& counts_, const Tensor& log_alpha_)
-      : LogLikArgs<Device>(check_log_lik_backward(grad_, counts_, log_alpha_), counts_,
-                           log_alpha_),
-        grad(as_contiguous(grad_)) {}
-
-  template <typename Fn>
-  void dispatch(Fn&& fn) const {
-    detail::dispatch_typed<Device>(this->counts, this->log_alpha, &grad, fn);
-  }
-};
-
 // log_lik_components: counts (B, V), log_alpha (K, V).
 template <typename Device>
 struct ComponentsArgs {
+  using device_type = Device;
   int64_t K;
   typename Device::Guard guard;
   Tensor counts, log_alpha;  // contiguous
@@ -165,21 +155,29 @@ struct ComponentsArgs {
         V(counts.size(1)) {}
 };
 
-// log_lik_components_backward: ComponentsArgs and the incoming gradient (B, K).
-template <typename Device>
-struct ComponentsBackwardArgs : ComponentsArgs<Device> {
+// A backward op's arguments: Base's (LogLikArgs, ComponentsArgs) and the
+// incoming gradient, checked by check(grad, counts, log_alpha), which
+// returns what Base's checks return.
+template <typename Base, auto check>
+struct BackwardArgs : Base {
   Tensor grad;  // contiguous
 
-  ComponentsBackwardArgs(const Tensor& grad_, const Tensor& counts_, const Tensor& log_alpha_)
-      : ComponentsArgs<Device>(check_components_backward(grad_, counts_, log_alpha_), counts_,
-                               log_alpha_),
-        grad(as_contiguous(grad_)) {}
+  BackwardArgs(const Tensor& grad_, const Tensor& counts_, const Tensor& log_alpha_)
+      : Base(check(grad_, counts_, log_alpha_), counts_, log_alpha_), grad(as_contiguous(grad_)) {}
 
   template <typename Fn>
   void dispatch(Fn&& fn) const {
-    detail::dispatch_typed<Device>(this->counts, this->log_alpha, &grad, fn);
+    detail::dispatch_typed<typename Base::device_type>(this->counts, this->log_alpha, &grad, fn);
   }
 };
+
+// log_lik_backward: one incoming gradient per row.
+template <typename Device>
+using LogLikBackwardArgs = BackwardArgs<LogLikArgs<Device>, check_log_lik_backward>;
+
+// log_lik_components_backward: the incoming gradient (B, K).
+template <typename Device>
+using ComponentsBackwardArgs = BackwardArgs<ComponentsArgs<Device>, check_components_backward>;
 
 // poch_terms: log_alpha and n elementwise, of one compute dtype.
 template <typename Device>
