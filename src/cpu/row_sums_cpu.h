@@ -29,8 +29,8 @@ namespace cpu {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
-// DM_ALWAYS_INLINE on a lambda: inlined at every call. The per-count steps of
-// the row loops carry it: GCC's inliner otherwise stops at a limit on each
+// DM_ALWAYS_INLINE: inlined at every call. The per-row and per-count steps
+// of the row loops carry it: GCC's inliner otherwise stops at a limit on each
 // file's growth, so that whether they are inlined, and the table path's
 // speed, would depend on what else their file holds (BENCHMARKS.md, CPU).
 #if defined(__GNUC__) || defined(__clang__)
@@ -41,7 +41,7 @@ constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 // The per-row part that does not depend on the columns:
 // -lnpoch(A, N) [+ log N! when normalized].
-inline double row_term(double A, double N, bool normalize) {
+DM_ALWAYS_INLINE inline double row_term(double A, double N, bool normalize) {
   double t = -lnpoch<double>(A, std::log(A), N);
   if (normalize) t += log_factorial<double>(N);
   return t;
@@ -85,7 +85,7 @@ void for_each_row(int64_t B, int64_t V, Part part, Finish finish) {
 // Adds count c of column v to a row's sums by the math path; a bad count
 // only clears ok (its terms are not evaluated).
 template <typename scalar_t, typename count_t>
-inline void add_math_term(RowSums& r, const SharedAlpha<scalar_t>& sa, int64_t v, count_t c,
+DM_ALWAYS_INLINE inline void add_math_term(RowSums& r, const SharedAlpha<scalar_t>& sa, int64_t v, count_t c,
                           bool normalize) {
   const scalar_t n = static_cast<scalar_t>(c);
   if (n == scalar_t(0)) return;
