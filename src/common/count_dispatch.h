@@ -29,6 +29,12 @@
       STD_TORCH_CHECK(false, "dirmult: unsupported counts dtype");         \
   }
 
+// X(count_t) for each count type of DM_DISPATCH_COUNTS (the same list), for
+// explicit instantiations of kernels defined in one file and called from
+// others.
+#define DM_FOR_EACH_COUNT_TYPE(X) \
+  X(float) X(double) X(c10::Half) X(c10::BFloat16) X(int32_t) X(int64_t) X(uint8_t)
+
 #define DM_DISPATCH_COMPUTE(DTYPE, ...)                                    \
   switch (DTYPE) {                                                         \
     case torch::headeronly::ScalarType::Float: {                           \

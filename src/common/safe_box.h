@@ -1,12 +1,8 @@
 // DM_BOX(fn): TORCH_BOX, except that when fn throws, the argument tensors
-// are left alive instead of released.
-//
-// Why: the boxed kernel owns its argument handles, and whether the caller
-// also releases them when a kernel throws differs between torch releases (an
-// open upstream fix changes exactly that). A few handles leaked on an error
-// path are harmless; a double free would not be. Note: this does not cure
-// the crash seen with torch 2.11, where any exception raised inside a
-// stable-ABI kernel kills the process (see docs/DEVELOPING.md).
+// are left alive instead of released. The boxed kernel owns its argument
+// handles, and whether the caller also releases them after a kernel throws
+// differs between torch releases: a few handles leaked on an error path are
+// harmless, a double free would not be. See Note [Stable ABI errors].
 #pragma once
 
 #include <torch/csrc/stable/library.h>

@@ -78,7 +78,8 @@ inline bool check_log_alpha(const Tensor& counts, const Tensor& log_alpha) {
   return counts.dim() == 1;  // a 1-d counts vector with (V,) alpha is shared
 }
 
-inline void check_components(const Tensor& counts, const Tensor& log_alpha) {
+// Returns K.
+inline int64_t check_components(const Tensor& counts, const Tensor& log_alpha) {
   check_counts(counts);
   STD_TORCH_CHECK(counts.dim() == 2, "dirmult: counts must be (B, V) for log_lik_components");
   STD_TORCH_CHECK(log_alpha.dim() == 2, "dirmult: log_alpha must be (K, V) for log_lik_components");
@@ -87,6 +88,7 @@ inline void check_components(const Tensor& counts, const Tensor& log_alpha) {
   STD_TORCH_CHECK(log_alpha.size(1) == counts.size(1), "dirmult: log_alpha has ",
                   log_alpha.size(1), " categories but counts has V=", counts.size(1));
   check_same_device(counts, "counts", log_alpha, "log_alpha");
+  return log_alpha.size(0);
 }
 
 // t itself when already contiguous: a cheap query instead of a dispatcher
@@ -136,15 +138,29 @@ inline bool check_log_lik_backward(const Tensor& grad, const Tensor& counts,
   return shared;
 }
 
-inline void check_components_backward(const Tensor& grad, const Tensor& counts,
-                                      const Tensor& log_alpha) {
-  check_components(counts, log_alpha);
+// Returns K.
+inline int64_t check_components_backward(const Tensor& grad, const Tensor& counts,
+                                         const Tensor& log_alpha) {
+  const int64_t K = check_components(counts, log_alpha);
   check_same_device(grad, "grad", counts, "counts");
   STD_TORCH_CHECK(grad.dim() == 2 && grad.size(0) == counts.size(0) &&
                       grad.size(1) == log_alpha.size(0),
                   "dirmult: grad must be (B, K)");
   STD_TORCH_CHECK(grad.scalar_type() == log_alpha.scalar_type(),
                   "dirmult: grad must have log_alpha's dtype");
+  return K;
+}
+
+// poch_terms' elementwise arguments. Returns their number of elements.
+inline int64_t check_poch_terms(const Tensor& log_alpha, const Tensor& n,
+                                const char* op = "poch_terms") {
+  STD_TORCH_CHECK(is_compute_dtype(log_alpha.scalar_type()) &&
+                      n.scalar_type() == log_alpha.scalar_type(),
+                  "dirmult: ", op, " takes float32/float64 log_alpha and n of one dtype");
+  STD_TORCH_CHECK(log_alpha.numel() == n.numel(),
+                  "dirmult: ", op, " needs log_alpha and n of one size");
+  check_same_device(log_alpha, "log_alpha", n, "n");
+  return log_alpha.numel();
 }
 
 }  // namespace dirmult

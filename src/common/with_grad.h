@@ -11,11 +11,13 @@
 
 namespace dirmult {
 
-inline void check_log_lik_with_grad(const Tensor& counts, const Tensor& log_alpha) {
+// Returns true (log_alpha is shared), as check_log_alpha does.
+inline bool check_log_lik_with_grad(const Tensor& counts, const Tensor& log_alpha) {
   const bool shared = check_log_alpha(counts, log_alpha);
   STD_TORCH_CHECK(shared,
                   "dirmult: log_lik_with_grad takes log_alpha of shape (V,), shared by all "
                   "rows; per-sample log_alpha of counts' shape has no single-pass gradient");
+  return shared;
 }
 
 // forward(counts, log_alpha, normalize) -> Tensor and backward(grad, counts,

@@ -23,10 +23,11 @@
 #include "../common/count_dispatch.h"
 #include "../common/csr_checks.h"
 #include "../common/csr_dispatch.h"
-#include "../common/safe_box.h"
+#include "ops_cpu.h"
 #include "dirmult/math.h"
 
 namespace dirmult {
+namespace cpu {
 namespace {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
@@ -262,4 +263,5 @@ Tensor log_lik_csr_backward_cpu(Tensor grad, Tensor crow, Tensor val, Tensor csc
   return grad_la;
 }
 
+}  // namespace cpu
 }  // namespace dirmult

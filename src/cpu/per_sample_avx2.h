@@ -1,10 +1,10 @@
 // Per-sample float32 forward terms eight at a time, with AVX2 and FMA (x86-64
 // CPUs that have them, chosen at run time; the package itself is built for
-// the baseline ISA). The scalar path spends ~23 ns per count on one expf,
-// a loop of products with a data-dependent trip count and a logf; eager
-// float32 PyTorch is vectorized and was faster (docs/DEVELOPING.md). Here
-// the same exact products run in vector registers to the block's largest
-// count, with one vector exp and log per eight counts.
+// the baseline ISA). The scalar path spends one expf, a loop of products
+// with a data-dependent trip count and a logf on each count, slower than
+// eager float32 PyTorch's vectorized formula (BENCHMARKS.md, CPU). Here the
+// same exact products run in vector registers to the block's largest count,
+// with one vector exp and log per eight counts.
 #pragma once
 
 #include <cstdint>

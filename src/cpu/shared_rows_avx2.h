@@ -1,12 +1,12 @@
 // The shared-alpha math path (rows without a lookup table: fewer than
 // kTableMinRows of them, or sparse ones) eight counts at a time with AVX2,
-// chosen at run time. The scalar path spends ~20 ns per random count (its
-// product loop's exit and zero test mispredict), so a few dense rows took
-// about twice eager's time (1x262144: 4.1 vs 2.0 ms on 2 cores). Here the
-// exact products run in vector registers to the eight counts' largest and
-// their logs are host_log_normal's in AVX2 lanes: every term is the scalar
-// path's bits, so a row's value does not depend on which path, or how many
-// rows, it took.
+// chosen at run time. The scalar path's product loop mispredicts its exit
+// and zero test on random counts, which leaves a few dense rows slower than
+// eager (BENCHMARKS.md, CPU). Here the exact products run in vector
+// registers to the eight counts' largest and their logs are
+// host_log_normal's in AVX2 lanes: every term is the scalar path's bits, so
+// a row's value does not depend on which path, or how many rows, it took
+// (See Note [Batch invariance]).
 #pragma once
 
 #include <cstdint>

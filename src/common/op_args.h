@@ -1,0 +1,210 @@
+// The preamble of every op entry point, written once: the argument checks
+// (tensor_checks.h), the inputs made contiguous, the problem's sizes and
+// whether there is anything to compute; and a dispatch over the compute and
+// count dtypes that hands the body typed data pointers. Host code of either
+// backend; a Device type says what differs between them:
+//
+//   struct Device {
+//     // Alive for the call from after the checks (CUDA: a DeviceGuard).
+//     struct Guard { explicit Guard(const Tensor& counts); };
+//     // The counts as the device's kernels read them (contiguous).
+//     static Tensor counts(const Tensor& counts);
+//     // fn(Types<scalar_t, count_t>{}) for the count dtypes it builds.
+//     template <typename Fn>
+//     static void dispatch(ScalarType compute, ScalarType count, Fn&& fn);
+//   };
+//
+// Use (CpuDevice below):
+//
+//   Tensor log_lik_cpu(Tensor counts, Tensor log_alpha, bool normalize) {
+//     const LogLikArgs<CpuDevice> a(counts, log_alpha);
+//     if (a.empty()) return torch::stable::new_zeros(a.log_alpha, batch_shape(a.counts));
+//     Tensor out = torch::stable::new_empty(a.log_alpha, batch_shape(a.counts));
+//     a.dispatch([&](auto t) {  // t.counts, t.log_alpha, t.grad: typed pointers
+//       forward_rows(t.counts, t.log_alpha, a.shared, a.B, a.V, normalize, t.out(out));
+//     });
+//     return out;
+//   }
+//
+// Inside the body, decltype(t)::scalar_t and ::count_t name the types. The
+// other ops: LogLikBackwardArgs(grad, counts, log_alpha), LogLikArgs(counts,
+// log_alpha, check_log_lik_with_grad), ComponentsArgs(counts, log_alpha),
+// ComponentsBackwardArgs(grad, counts, log_alpha), PochTermsArgs(log_alpha,
+// n).
+#pragma once
+
+#include <torch/csrc/stable/tensor.h>
+#include <torch/headeronly/core/ScalarType.h>
+
+#include <cstdint>
+
+#include "count_dispatch.h"
+#include "tensor_checks.h"
+#include "with_grad.h"
+
+namespace dirmult {
+
+// One dispatch case's compute type (log_alpha's) and count type.
+template <typename S, typename C>
+struct Types {
+  using scalar_t = S;
+  using count_t = C;
+};
+
+// The typed data of one dispatch case.
+template <typename S, typename C>
+struct TypedArgs : Types<S, C> {
+  const C* counts;
+  const S* log_alpha;
+  const S* grad;  // nullptr for the ops without an incoming gradient
+  // An output's data (allocated in log_alpha's dtype).
+  static S* out(const Tensor& t) { return static_cast<S*>(t.mutable_data_ptr()); }
+};
+
+// The CPU: no device to select; every count dtype is read in place.
+struct CpuDevice {
+  struct Guard {
+    explicit Guard(const Tensor&) {}
+  };
+  static Tensor counts(const Tensor& counts) { return as_contiguous(counts); }
+  template <typename Fn>
+  static void dispatch(ScalarType compute, ScalarType count, Fn&& fn) {
+    DM_DISPATCH_COMPUTE(compute, [&] {
+      DM_DISPATCH_COUNTS(count, [&] { fn(Types<scalar_t, count_t>{}); });
+    });
+  }
+};
+
+namespace detail {
+
+template <typename Device, typename Fn>
+void dispatch_typed(const Tensor& counts, const Tensor& log_alpha, const Tensor* grad, Fn&& fn) {
+  Device::dispatch(log_alpha.scalar_type(), counts.scalar_type(), [&](auto types) {
+    using S = typename decltype(types)::scalar_t;
+    using C = typename decltype(types)::count_t;
+    TypedArgs<S, C> t;
+    t.counts = static_cast<const C*>(counts.const_data_ptr());
+    t.log_alpha = static_cast<const S*>(log_alpha.const_data_ptr());
+    t.grad = grad != nullptr ? static_cast<const S*>(grad->const_data_ptr()) : nullptr;
+    fn(t);
+  });
+}
+
+}  // namespace detail
+
+// log_lik and log_lik_with_grad: counts (..., V), log_alpha (V,) shared or
+// counts' shape. check: check_log_alpha, or check_log_lik_with_grad.
+template <typename Device>
+struct LogLikArgs {
+  using device_type = Device;
+  bool shared;  // log_alpha (V,), shared by the rows
+  typename Device::Guard guard;
+  Tensor counts, log_alpha;  // contiguous
+  int64_t V;
+  int64_t B;  // rows, 0 when V = 0 (see num_rows)
+
+  LogLikArgs(const Tensor& counts_, const Tensor& log_alpha_,
+             bool (*check)(const Tensor&, const Tensor&) = check_log_alpha)
+      : LogLikArgs(check(counts_, log_alpha_), counts_, log_alpha_) {}
+
+  // Nothing to compute: every row's log-likelihood is 0 (V = 0), or no rows.
+  bool empty() const { return B == 0; }
+
+  template <typename Fn>
+  void dispatch(Fn&& fn) const {
+    detail::dispatch_typed<Device>(counts, log_alpha, nullptr, fn);
+  }
+
+ protected:
+  LogLikArgs(bool shared_, const Tensor& counts_, const Tensor& log_alpha_)
+      : shared(shared_),
+        guard(counts_),
+        counts(Device::counts(counts_)),
+        log_alpha(as_contiguous(log_alpha_)),
+        V(counts.size(counts.dim() - 1)),
+        B(num_rows(counts)) {}
+};
+
+// log_lik_components: counts (B, V), log_alpha (K, V).
+template <typename Device>
+struct ComponentsArgs {
+  using device_type = Device;
+  int64_t K;
+  typename Device::Guard guard;
+  Tensor counts, log_alpha;  // contiguous
+  int64_t B, V;
+
+  ComponentsArgs(const Tensor& counts_, const Tensor& log_alpha_)
+      : ComponentsArgs(check_components(counts_, log_alpha_), counts_, log_alpha_) {}
+
+  // Nothing to compute: the (B, K) log-likelihoods (or their gradient) are 0.
+  bool empty() const { return B == 0 || V == 0 || K == 0; }
+
+  template <typename Fn>
+  void dispatch(Fn&& fn) const {
+    detail::dispatch_typed<Device>(counts, log_alpha, nullptr, fn);
+  }
+
+ protected:
+  ComponentsArgs(int64_t K_, const Tensor& counts_, const Tensor& log_alpha_)
+      : K(K_),
+        guard(counts_),
+        counts(Device::counts(counts_)),
+        log_alpha(as_contiguous(log_alpha_)),
+        B(counts.size(0)),
+        V(counts.size(1)) {}
+};
+
+// A backward op's arguments: Base's (LogLikArgs, ComponentsArgs) and the
+// incoming gradient, checked by check(grad, counts, log_alpha), which
+// returns what Base's checks return.
+template <typename Base, auto check>
+struct BackwardArgs : Base {
+  Tensor grad;  // contiguous
+
+  BackwardArgs(const Tensor& grad_, const Tensor& counts_, const Tensor& log_alpha_)
+      : Base(check(grad_, counts_, log_alpha_), counts_, log_alpha_), grad(as_contiguous(grad_)) {}
+
+  template <typename Fn>
+  void dispatch(Fn&& fn) const {
+    detail::dispatch_typed<typename Base::device_type>(this->counts, this->log_alpha, &grad, fn);
+  }
+};
+
+// log_lik_backward: one incoming gradient per row.
+template <typename Device>
+using LogLikBackwardArgs = BackwardArgs<LogLikArgs<Device>, check_log_lik_backward>;
+
+// log_lik_components_backward: the incoming gradient (B, K).
+template <typename Device>
+using ComponentsBackwardArgs = BackwardArgs<ComponentsArgs<Device>, check_components_backward>;
+
+// poch_terms and tpoch_terms: log_alpha and n elementwise, of one compute dtype.
+template <typename Device>
+struct PochTermsArgs {
+  int64_t size;
+  typename Device::Guard guard;
+  Tensor log_alpha, n;  // contiguous
+
+  PochTermsArgs(const Tensor& log_alpha_, const Tensor& n_, const char* op = "poch_terms")
+      : size(check_poch_terms(log_alpha_, n_, op)),
+        guard(log_alpha_),
+        log_alpha(as_contiguous(log_alpha_)),
+        n(as_contiguous(n_)) {}
+
+  bool empty() const { return size == 0; }
+
+  // fn(t) with t.log_alpha and t.counts (n), both of the compute type.
+  template <typename Fn>
+  void dispatch(Fn&& fn) const {
+    DM_DISPATCH_COMPUTE(log_alpha.scalar_type(), [&] {
+      TypedArgs<scalar_t, scalar_t> t;
+      t.counts = static_cast<const scalar_t*>(n.const_data_ptr());
+      t.log_alpha = static_cast<const scalar_t*>(log_alpha.const_data_ptr());
+      t.grad = nullptr;
+      fn(t);
+    });
+  }
+};
+
+}  // namespace dirmult

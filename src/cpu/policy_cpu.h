@@ -1,0 +1,76 @@
+// Host policy of the CPU kernels: the thresholds that choose a path and the
+// fixed partitions of the work, apart from the loops that follow them. The
+// partitions depend on the shape only, never on the thread count: See Note
+// [Determinism]. The thresholds were fitted on 2 cores (BENCHMARKS.md, CPU).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#include "shared_rows_avx2.h"
+
+namespace dirmult {
+namespace cpu {
+
+// --- Shared-alpha lookup tables (See Note [Tables]).
+
+// Rows from which the tables are built: a column's table (one run of running
+// products, 16 logs) costs about what 4-6 rows of direct evaluations do.
+constexpr int64_t kTableMinRows = 6;
+
+// Rows from which every entry is built. Below, one pass over the counts finds
+// each column's largest count and the table is built up to it where it pays
+// (table_pays): from about this many rows most columns hold their largest
+// possible count, and that pass would cost more than the entries it saves.
+constexpr int64_t kTopsMaxRows = 64;
+
+// Whether a table of `entries` entries over V columns costs less than the
+// math path's `nonzero` evaluations, one per nonzero count. vector_math: the
+// rows' math path takes eight counts at a time (vector_math_path), ~4x
+// faster per count, so the table must save more.
+inline bool table_pays(int64_t entries, int64_t V, int64_t nonzero, bool vector_math) {
+  return vector_math ? entries + V <= nonzero : 2 * (entries + V) <= 3 * nonzero;
+}
+
+// Whether the shared-alpha math path takes eight counts at a time
+// (lnp_row_sums with shared_lnpoch8_avx2): float32 on a CPU with AVX2.
+template <typename scalar_t>
+bool vector_math_path() {
+  return std::is_same_v<scalar_t, float> && cpu::shared_rows_avx2_available();
+}
+
+// --- Fixed partitions (See Note [Determinism]).
+
+// Columns per block of the concentration total A's partial sums.
+constexpr int64_t kAlphaSumBlock = 4096;
+
+// With fewer rows than kRowsForRowsOnly, each row is split into chunks of
+// kColumnChunk columns (the items run in parallel; a row's chunks are added
+// in order), so that a few long rows still use every thread.
+constexpr int64_t kRowsForRowsOnly = 64;
+constexpr int64_t kColumnChunk = 16384;
+
+// Column chunks per row (1: rows are the work items).
+inline int64_t row_chunks(int64_t B, int64_t V) {
+  return B < kRowsForRowsOnly ? std::max<int64_t>(1, (V + kColumnChunk - 1) / kColumnChunk) : 1;
+}
+
+// Whether the rows are split into column chunks, where the shared-alpha
+// backward sums its columns in parallel instead of its rows
+// (backward_shared_few_rows) and log_lik_with_grad takes the forward and
+// the backward (See Note [Single pass]).
+inline bool few_long_rows(int64_t B, int64_t V) {
+  return B < kRowsForRowsOnly && V > kColumnChunk;
+}
+
+// Blocks of rows whose column gradients the shared-alpha backward sums
+// apart, then adds in order: up to 64 of at least 256 rows, their partial
+// sums (blocks x V doubles) at most 2^23 values.
+inline int64_t gradient_row_blocks(int64_t B, int64_t V) {
+  const int64_t max_blocks = std::max<int64_t>(1, (int64_t{1} << 23) / std::max<int64_t>(V, 1));
+  return std::max<int64_t>(1, std::min<int64_t>({(B + 255) / 256, 64, max_blocks}));
+}
+
+}  // namespace cpu
+}  // namespace dirmult
