@@ -34,13 +34,13 @@ class SparseShape:
 
 
 SPARSE_SHAPES = {
-    "cuda": [SparseShape("square", 16384, 16384, 0.01),
-             SparseShape("tall", 200000, 30000, 0.03, components=16),
-             SparseShape("huge", 1000000, 50000, 0.002)],
-    "cpu": [SparseShape("square", 4096, 4096, 0.01),
-            SparseShape("tall", 8192, 2048, 0.03, components=16)],
-    "quick": [SparseShape("square", 256, 512, 0.02),
-              SparseShape("tall", 512, 256, 0.05, components=4)],
+    "cuda": [SparseShape("csr_square", 16384, 16384, 0.01),
+             SparseShape("csr_tall", 200000, 30000, 0.03, components=16),
+             SparseShape("csr_huge", 1000000, 50000, 0.002)],
+    "cpu": [SparseShape("csr_square", 4096, 4096, 0.01),
+            SparseShape("csr_tall", 8192, 2048, 0.03, components=16)],
+    "quick": [SparseShape("csr_square", 256, 512, 0.02),
+              SparseShape("csr_tall", 512, 256, 0.05, components=4)],
 }
 
 
@@ -199,9 +199,10 @@ def bench_sparse_shape(shape: SparseShape, g: torch.Generator, device: torch.dev
         _time(timer, row, "components_fwd", lambda: log_lik_components(sc, comp_la), log)
         single = median(t.get("ext_fwd"))
         comp = median(t.get("components_fwd"))
+        ok = comp is not None and single is not None
         row["components"] = {"K": K, "fwd_us": comp, "single_fwd_us": single,
-                             "ratio_vs_single": None if comp is None or single is None
-                             else comp / single}
+                             "ratio_vs_single": comp / single if ok else None,
+                             "ratio_vs_K_single": comp / (K * single) if ok else None}
 
     ef, efb = median(t.get("ext_fwd")), median(t.get("ext_fwdbwd"))
     row["ratio_fwd_floor"] = None if ef is None else ef / row["floor_us"]
