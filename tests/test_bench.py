@@ -83,10 +83,10 @@ def test_bench_quick_json(quick_run):
     reps = {data["small"][k]["reps"] for k in ("add1", "ext_fwd", "trivial_grad", "ext_fwdbwd")}
     assert len(reps) == 1 and reps.pop() >= 1
     targets = {t["id"]: t for t in data["targets"]}
-    assert len(targets) == 11
+    assert len(targets) == 16
     for t in targets.values():
-        if t["id"].startswith("per_sample"):
-            assert t["met"] is None  # not run without --per-sample
+        if t["id"].startswith(("per_sample", "sparse")):
+            assert t["met"] is None  # not run without --per-sample, --sparse
         else:
             assert isinstance(t["met"], bool) and _positive_finite(t["value"])
     assert data["sanity_ok"] is True
@@ -469,3 +469,23 @@ def test_sparse_targets_judged_against_their_limits():
     assert "out of memory" in got["sparse_fwd_csr_floor_csr_huge"]["missing"]
     none = {t["id"]: t for t in report.evaluate_targets({}, None, torch.device("cuda"))}
     assert none["sparse_fwd_csr_floor_csr_tall"]["missing"] == "run with --sparse"
+
+
+def test_sparse_shape_that_fails_is_reported_not_raised(monkeypatch):
+    real = sparse_cases.make_csr
+
+    def make_csr(shape, g, device):
+        if shape.name == "csr_square":
+            raise torch.OutOfMemoryError("out of memory (simulated)")
+        return real(shape, g, device)
+    monkeypatch.setattr(sparse_cases, "make_csr", make_csr)
+    g = torch.Generator().manual_seed(torch.seed() % 2**31)
+    timer = Timer(torch.device("cpu"), **cli.timer_settings(torch.device("cpu"), True))
+    out = sparse_cases.bench_sparse(sparse_cases.SPARSE_SHAPES["quick"], g, torch.device("cpu"),
+                                    timer, 1e10, lambda _: None)
+    failed, ok = out
+    assert "out of memory" in failed["error"] and failed["times"] == {}
+    assert ok["err_fwd"] < 1e-5 and ok["times"]["ext_fwd"]["reps"] >= 3
+    result = {"shapes": [], "failed": [], "sparse": out}
+    assert any("csr_square" in p for p in report.sanity_problems(result))
+    assert "n/a (OutOfMemoryError" in report.sparse_table(out, False)

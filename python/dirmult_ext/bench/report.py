@@ -71,16 +71,16 @@ def evaluate_targets(rows: Dict[str, dict], small: Optional[dict], device: torch
                    else f"sparse {name} not run")
     for name in ("csr_tall", "csr_huge"):
         v, why = sp(name, "ratio_fwd_floor")
-        add(f"sparse_fwd_csr_floor_{name}", f"sparse forward within 2x of the CSR floor at {name}",
+        add(f"sparse_fwd_csr_floor_{name}", f"CSR forward within 2x of the CSR floor at {name}",
             v, 2.0, missing=why)
         v, why = sp(name, "ratio_fwdbwd_floor")
         add(f"sparse_fwdbwd_csr_floor_{name}",
-            f"sparse forward+backward within 3.5x of the CSR floor at {name}", v, 3.5,
+            f"CSR forward+backward within 3.5x of the CSR floor at {name}", v, 3.5,
             missing=why)
     comp, why = sp("csr_tall", "components")
     K = 16 if comp is None else comp["K"]
     add("sparse_components_vs_single_csr_tall",
-        f"sparse K={K} components forward at most 6x the single-component forward at csr_tall",
+        f"CSR K={K} components forward at most 6x the single-component forward at csr_tall",
         None if comp is None else comp.get("ratio_vs_single"), 6.0, missing=why)
     return out
 
