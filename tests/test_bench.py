@@ -422,7 +422,8 @@ def test_bench_sparse_quick_json():
     assert 0 <= entries["csr_tall"]["err_components_fwd"] < 1e-5
     targets = {t["id"]: t for t in res["targets"]}
     assert targets["sparse_fwd_csr_floor_csr_tall"]["applies"] is False
-    assert targets["sparse_fwd_csr_floor_csr_tall"]["value"] == entries["csr_tall"]["ratio_fwd_floor"]
+    tall = targets["sparse_fwd_csr_floor_csr_tall"]
+    assert tall["value"] == entries["csr_tall"]["ratio_fwd_floor"]
     assert "| csr_square |" in out and "| csr_tall |" in out
 
 
