@@ -11,7 +11,7 @@ import torch
 
 import dirmult_ext
 from dirmult_ext import bench
-from dirmult_ext.bench import cases, cli, peers, plot, report
+from dirmult_ext.bench import cases, cli, peers, plot, report, sparse_cases
 from dirmult_ext.bench.timing import Timer
 
 SHAPES = ["seed", "mid", "tall", "wide", "sparse"]
@@ -83,10 +83,10 @@ def test_bench_quick_json(quick_run):
     reps = {data["small"][k]["reps"] for k in ("add1", "ext_fwd", "trivial_grad", "ext_fwdbwd")}
     assert len(reps) == 1 and reps.pop() >= 1
     targets = {t["id"]: t for t in data["targets"]}
-    assert len(targets) == 11
+    assert len(targets) == 16
     for t in targets.values():
-        if t["id"].startswith("per_sample"):
-            assert t["met"] is None  # not run without --per-sample
+        if t["id"].startswith(("per_sample", "sparse")):
+            assert t["met"] is None  # not run without --per-sample, --sparse
         else:
             assert isinstance(t["met"], bool) and _positive_finite(t["value"])
     assert data["sanity_ok"] is True
@@ -388,3 +388,105 @@ def test_bench_graph_timing_on_cuda():
     for row in out["shapes"]:
         for key in TIME_KEYS:
             assert _positive_finite(row["times"][key]["median_us"]), (row["name"], key)
+
+
+# --------------------------------------------------------------- sparse
+SPARSE_TIME_KEYS = ["ext_fwd", "ext_fwdbwd", "handwritten_fwd", "handwritten_fwdbwd",
+                    "dense_fwd", "dense_fwdbwd"]
+
+
+def test_bench_sparse_quick_json():
+    rc, out = _run(["--sparse", "--quick", "--device", "cpu", "--no-compile", "--no-numpyro",
+                    "--quiet", "--markdown", "--json", "-"])
+    assert rc == 0, out
+    res = json.loads(out[out.index("\n{") + 1:])
+    assert res["shapes"] == [] and res["sanity_ok"] is True
+    entries = {e["name"]: e for e in res["sparse"]}
+    shapes = {s.name: s for s in sparse_cases.SPARSE_SHAPES["quick"]}
+    assert set(entries) == set(shapes)
+    for name, e in entries.items():
+        s = shapes[name]
+        assert (e["B"], e["V"], e["density"]) == (s.B, s.V, s.density)
+        assert abs(e["nonzero_fraction"] - s.density) < 0.3 * s.density, e
+        assert e["floor_bytes"] >= e["nnz"] * 8 and _positive_finite(e["floor_us"])
+        for key in SPARSE_TIME_KEYS:
+            t = e["times"][key]
+            assert _positive_finite(t["median_us"]) and t["reps"] >= 3, (name, key, t)
+        for key in ("ratio_fwd_floor", "ratio_fwdbwd_floor", "speedup_fwd_vs_handwritten"):
+            assert _positive_finite(e[key]), (name, key)
+        assert 0 <= e["err_fwd"] < 1e-5 and 0 <= e["err_grad"] < 1e-4, e
+        assert 0 <= e["err_handwritten_fwd"] < 1e-3, e
+        assert e["errors"] == {}
+    comp = entries["csr_tall"]["components"]
+    assert comp["K"] == shapes["csr_tall"].components and _positive_finite(comp["ratio_vs_single"])
+    assert 0 <= entries["csr_tall"]["err_components_fwd"] < 1e-5
+    targets = {t["id"]: t for t in res["targets"]}
+    assert targets["sparse_fwd_csr_floor_csr_tall"]["applies"] is False
+    tall = targets["sparse_fwd_csr_floor_csr_tall"]
+    assert tall["value"] == entries["csr_tall"]["ratio_fwd_floor"]
+    assert "| csr_square |" in out and "| csr_tall |" in out
+
+
+def test_make_csr_is_a_uniform_csr_matrix():
+    g = torch.Generator().manual_seed(torch.seed() % 2**31)
+    shape = sparse_cases.SparseShape("x", 3000, 700, 0.04)
+    sc = sparse_cases.make_csr(shape, g, torch.device("cpu"))
+    sc.check_structure()  # offsets from 0 to nnz, columns increasing within rows
+    assert sc.crow_indices.dtype == sc.col_indices.dtype == torch.int32
+    assert sc.values.dtype == torch.float32
+    dense = sc.to_dense().double()
+    assert int((dense != 0).sum()) == sc.nnz
+    assert abs(sc.nnz / (3000 * 700) - 0.04) < 0.004
+    vals = sc.values.double()
+    assert bool((vals >= 1).all()) and bool((vals == vals.round()).all())
+    assert abs(vals.mean().item() - 4.0) < 0.1  # 1 + Poisson(3)
+    # every column about as often nonzero: no edge of the range favoured
+    per_col = (dense != 0).sum(0).double()
+    assert per_col.min().item() > 0.5 * per_col.mean().item()
+    assert per_col.max().item() < 1.5 * per_col.mean().item()
+
+
+def test_handwritten_sparse_peer_matches_float64():
+    g = torch.Generator().manual_seed(torch.seed() % 2**31)
+    sc = sparse_cases.make_csr(sparse_cases.SparseShape("x", 200, 300, 0.05), g,
+                               torch.device("cpu"))
+    la = cases.make_log_alpha((300,), g, torch.device("cpu"))
+    rows = torch.repeat_interleave(torch.arange(200), sc.crow_indices.diff().long())
+    N = torch.zeros(200).index_add_(0, rows, sc.values)
+    got = sparse_cases.handwritten(sc.values, sc.col_indices, rows, N, 200, la)
+    ref = dirmult_ext.reference_log_lik(sc.to_dense().double(), la.double())
+    assert (got.double() - ref).abs().max().item() < 1e-5 * ref.abs().max().item()
+
+
+def test_sparse_targets_judged_against_their_limits():
+    sparse = [{"name": "csr_tall", "ratio_fwd_floor": 1.9, "ratio_fwdbwd_floor": 3.6,
+               "components": {"K": 16, "ratio_vs_single": 5.0}},
+              {"name": "csr_huge", "error": "OutOfMemoryError: CUDA out of memory"}]
+    got = {t["id"]: t for t in report.evaluate_targets({}, None, torch.device("cuda"), sparse)}
+    assert got["sparse_fwd_csr_floor_csr_tall"]["met"] is True
+    assert got["sparse_fwdbwd_csr_floor_csr_tall"]["met"] is False
+    assert got["sparse_components_vs_single_csr_tall"]["met"] is True
+    assert got["sparse_fwd_csr_floor_csr_huge"]["met"] is None
+    assert "out of memory" in got["sparse_fwd_csr_floor_csr_huge"]["missing"]
+    none = {t["id"]: t for t in report.evaluate_targets({}, None, torch.device("cuda"))}
+    assert none["sparse_fwd_csr_floor_csr_tall"]["missing"] == "run with --sparse"
+
+
+def test_sparse_shape_that_fails_is_reported_not_raised(monkeypatch):
+    real = sparse_cases.make_csr
+
+    def make_csr(shape, g, device):
+        if shape.name == "csr_square":
+            raise torch.OutOfMemoryError("out of memory (simulated)")
+        return real(shape, g, device)
+    monkeypatch.setattr(sparse_cases, "make_csr", make_csr)
+    g = torch.Generator().manual_seed(torch.seed() % 2**31)
+    timer = Timer(torch.device("cpu"), **cli.timer_settings(torch.device("cpu"), True))
+    out = sparse_cases.bench_sparse(sparse_cases.SPARSE_SHAPES["quick"], g, torch.device("cpu"),
+                                    timer, 1e10, lambda _: None)
+    failed, ok = out
+    assert "out of memory" in failed["error"] and failed["times"] == {}
+    assert ok["err_fwd"] < 1e-5 and ok["times"]["ext_fwd"]["reps"] >= 3
+    result = {"shapes": [], "failed": [], "sparse": out}
+    assert any("csr_square" in p for p in report.sanity_problems(result))
+    assert "n/a (OutOfMemoryError" in report.sparse_table(out, False)

@@ -5,6 +5,7 @@ package's ops timed against their peers; see ``cli`` for what is timed.
     cases    shapes and inputs (make_counts, make_log_alpha, rotation, l2_bytes)
     peers    eager reference, torch.compile of it, NumPyro, the copy-bandwidth floor
     measure  one case: this package and its peers timed, errors against float64
+    sparse_cases  ``--sparse``: CSR counts against the CSR floor, hand-written PyTorch, dense
     report   targets, environment, text/Markdown/JSON
     cli      the command line
     plot     ``python -m dirmult_ext.bench.plot BENCH.json OUT.png`` (matplotlib)

@@ -15,6 +15,11 @@ log-likelihood with respect to log_alpha):
   output; for forward+backward also the incoming gradient and the gradient
   written) divided by the copy bandwidth measured in this run.
 
+With --sparse it times CSR counts instead (sparse_cases: a prepared
+SparseCounts against the CSR floor, the hand-written PyTorch over the
+nonzeros and the dense op on the densified matrix where it fits; with
+--shapes as well, both).
+
 At the seed shape it also times counts.add(1) and a trivial gradient
 (autograd.grad((counts * la).sum(), la)) interleaved with this package's
 forward and forward+backward; it checks the forward and the gradient
@@ -47,6 +52,7 @@ from . import peers
 from .cases import COMPONENTS_SHAPE, DEFAULT_SHAPES, make_counts, make_log_alpha, parse_bxv, parse_shapes
 from .measure import bench_case, bench_components, bench_small, err_text, free
 from .report import environment, evaluate_targets, report, sanity_problems, to_json
+from .sparse_cases import SPARSE_SHAPES, bench_sparse
 from .timing import TIMINGS, Timer
 
 
@@ -74,6 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "against K separate log_lik calls")
     p.add_argument("--components-shape", type=_bxv, default=None, metavar="BxV",
                    help="shape for --components (default 65536x1024 on CUDA, 4096x1024 on CPU)")
+    p.add_argument("--sparse", action="store_true",
+                   help="time CSR counts (SparseCounts): 16384x16384 at 1%%, 200000x30000 at "
+                        "3%% (and K=16 components there), 1000000x50000 at 0.2%% on CUDA, "
+                        "smaller on the CPU; the dense shapes only if --shapes is given too")
     p.add_argument("--quick", action="store_true",
                    help="tiny shapes, few repetitions (a smoke run of seconds)")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile peer")
@@ -145,7 +155,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     kind = "quick" if args.quick else device.type
     defaults = DEFAULT_SHAPES[kind]
     try:
-        shapes = parse_shapes(args.shapes, defaults) if args.shapes else list(defaults)
+        shapes = parse_shapes(args.shapes, defaults) if args.shapes else \
+            ([] if args.sparse else list(defaults))
     except ValueError as e:
         p.error(f"--shapes: {e}")
     if args.components is not None and args.components < 1:
@@ -217,6 +228,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             failed.append({"name": "components", "shape": f"{B}x{V}, K={args.components}",
                            "error": err_text(e)})
 
+    sparse = None
+    if args.sparse:
+        sparse = bench_sparse(SPARSE_SHAPES[kind], g, device, timer, bw, log)
+
     result = {
         "env": environment(device, argv, seed),
         "timer": timer.describe(),
@@ -225,7 +240,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         "failed": failed,
         "small": small,
         "components": components,
-        "targets": evaluate_targets({r["name"]: r for r in rows}, small, device),
+        "sparse": sparse,
+        "targets": evaluate_targets({r["name"]: r for r in rows}, small, device, sparse),
         "compile_note": ("--quick: torch.compile(dynamic=True), one graph for all shapes"
                          if do_compile and compile_dynamic else
                          ("torch.compile skipped (--no-compile)" if not do_compile else "")),

@@ -18,7 +18,8 @@ from .timing import Timer
 
 
 # ------------------------------------------------------------------ targets
-def evaluate_targets(rows: Dict[str, dict], small: Optional[dict], device: torch.device) -> list:
+def evaluate_targets(rows: Dict[str, dict], small: Optional[dict], device: torch.device,
+                     sparse: Optional[List[dict]] = None) -> list:
     """The performance targets, each with its value in this run. ``applies_to``
     says on which device a target is defined; on the other device it is
     shown for information, not judged."""
@@ -59,6 +60,28 @@ def evaluate_targets(rows: Dict[str, dict], small: Optional[dict], device: torch
     add("cpu_fwdbwd_vs_eager_mid", "forward+backward at least 5x faster than eager at mid",
         get("mid", "speedup_fwdbwd_vs_eager"), 5.0, at_most=False, applies_to="cpu",
         missing="shape mid not run")
+
+    by_name = {r["name"]: r for r in sparse or []}
+
+    def sp(name, key):
+        r = by_name.get(name)
+        v = None if r is None else r.get(key)
+        return v, ("run with --sparse" if sparse is None else
+                   f"sparse {name}: " + (r.get("error") or "n/a") if r is not None
+                   else f"sparse {name} not run")
+    for name in ("csr_tall", "csr_huge"):
+        v, why = sp(name, "ratio_fwd_floor")
+        add(f"sparse_fwd_csr_floor_{name}", f"CSR forward within 2x of the CSR floor at {name}",
+            v, 2.0, missing=why)
+        v, why = sp(name, "ratio_fwdbwd_floor")
+        add(f"sparse_fwdbwd_csr_floor_{name}",
+            f"CSR forward+backward within 3.5x of the CSR floor at {name}", v, 3.5,
+            missing=why)
+    comp, why = sp("csr_tall", "components")
+    K = 16 if comp is None else comp["K"]
+    add("sparse_components_vs_single_csr_tall",
+        f"CSR K={K} components forward at most 6x the single-component forward at csr_tall",
+        None if comp is None else comp.get("ratio_vs_single"), 6.0, missing=why)
     return out
 
 
@@ -72,6 +95,13 @@ def sanity_problems(result: dict) -> List[str]:
     if comp and not comp["err_fwd"] < 1e-5:
         bad.append(f"components: err fwd {comp['err_fwd']:.1e}")
     bad += [f"{f['name']} ({f['shape']}) raised {f['error']}" for f in result["failed"]]
+    for r in result.get("sparse") or []:
+        if r.get("error"):
+            bad.append(f"sparse {r['name']} raised {r['error']}")
+        elif not (r["err_fwd"] < 1e-5 and r["err_grad"] < 1e-4
+                  and r.get("err_components_fwd", 0.0) < 1e-5):
+            bad.append(f"sparse {r['name']}: err fwd {r['err_fwd']:.1e}, err grad "
+                       f"{r['err_grad']:.1e}, err components {r.get('err_components_fwd')}")
     return bad
 
 
@@ -198,6 +228,33 @@ def components_table(comp: dict, markdown: bool) -> str:
     return render_table(header, body, markdown)
 
 
+def sparse_table(entries: List[dict], markdown: bool) -> str:
+    """One line per CSR shape: this package, the hand-written PyTorch and the
+    dense op, forward and forward+backward; the CSR floor; errors."""
+    header = ["name", "BxV:density", "nnz", "CSR floor", "ext fwd", "hand fwd", "dense fwd",
+              "ext fwd+bwd", "hand fwd+bwd", "dense fwd+bwd", "ext/floor fwd",
+              "ext/floor f+b", "K comp fwd", "K comp/single", "err fwd", "err grad",
+              "err hand fwd"]
+    body = []
+    for r in entries:
+        label = [r["name"], f"{r['B']}x{r['V']}:{r['density']:g}"]
+        if r.get("error"):
+            body.append(label + [f"n/a ({r['error'][:60]})"] + ["n/a"] * (len(header) - 3))
+            continue
+        t, c = r["times"], r.get("components") or {}
+        body.append(label + [
+            str(r["nnz"]), fmt_us(r["floor_us"]), fmt_us(median(t.get("ext_fwd"))),
+            fmt_us(median(t.get("handwritten_fwd"))), fmt_us(median(t.get("dense_fwd"))),
+            fmt_us(median(t.get("ext_fwdbwd"))), fmt_us(median(t.get("handwritten_fwdbwd"))),
+            fmt_us(median(t.get("dense_fwdbwd"))), fmt_ratio(r["ratio_fwd_floor"]),
+            fmt_ratio(r["ratio_fwdbwd_floor"]),
+            f"K={c['K']}: {fmt_us(c.get('fwd_us'))}" if c else "-",
+            fmt_ratio(c.get("ratio_vs_single")) if c else "-",
+            fmt_err(r.get("err_fwd")), fmt_err(r.get("err_grad")),
+            fmt_err(r.get("err_handwritten_fwd"))])
+    return render_table(header, body, markdown)
+
+
 TIMING_TEXT = {
     "cuda_events/queued": "queued (CUDA events around each call, no synchronize between "
                           "calls: GPU time where the GPU is the bottleneck, host time where "
@@ -246,8 +303,9 @@ def report(result: dict, markdown: bool) -> str:
                f"({cp['bytes_copied'] / 2**20:.0f} MiB dst.copy_(src), read+write counted); "
                "times in us, median per call")
     out.append(f"{b}{timing_line(result['timer'])}")
-    out.append("")
-    out.append(main_table(result["shapes"], markdown))
+    if result["shapes"] or not result.get("sparse"):
+        out.append("")
+        out.append(main_table(result["shapes"], markdown))
     for f in result["failed"]:
         out.append(f"{b}FAILED {f['name']} {f['shape']}: {f['error']}")
     notes = [f"torch.compile n/a -- {r['name']}: {r['compile_error']}"
@@ -257,6 +315,22 @@ def report(result: dict, markdown: bool) -> str:
     notes += [n for n in (result.get("compile_note"), result.get("numpyro_note")) if n]
     if notes:
         out.append("")
+        out.extend(f"{b}{n}" for n in notes)
+    sparse = result.get("sparse")
+    if sparse:
+        out.append("")
+        out.append(sparse_table(sparse, markdown))
+        if markdown:
+            out.append("")
+        out.append(f"{b}sparse: CSR counts (float32 values, int32 indices) as a prepared "
+                   "SparseCounts; CSR floor = (values + column index per nonzero, row "
+                   "offsets, alpha, output) bytes / copy bandwidth; hand = the PyTorch over "
+                   "the nonzeros (lgamma, index_add_); dense = log_lik on the densified "
+                   f"matrix (n/a above {8} GiB); errors vs float64 on the first 256 rows")
+        notes = [f"sparse {r['name']}: {k} n/a -- {e}" for r in sparse
+                 for k, e in (r.get("errors") or {}).items()]
+        notes += [f"sparse {r['name']}: dense {r['dense']}" for r in sparse
+                  if str(r.get("dense", "")).startswith("skipped")]
         out.extend(f"{b}{n}" for n in notes)
     comp = result.get("components")
     if comp:
