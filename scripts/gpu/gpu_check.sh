@@ -9,8 +9,14 @@
 #   compute-sanitizer (memcheck and racecheck) on every kernel, the 2-GPU fit
 #   when two GPUs are present, the benchmark, and Nsight Compute on the hot
 #   kernels. Logs go to $OUT (default ./gpu_out).
-# Stages can be picked: scripts/gpu/gpu_check.sh [wheel] [check] [probe] [test] [sanitize] [multigpu] [bench] [profile]
+# Stages can be picked: scripts/gpu/gpu_check.sh [wheel] [sass] [check] [probe] [test] [sanitize] [multigpu] [bench] [profile]
 # (every stage but wheel needs a wheel installed by an earlier wheel stage).
+# Environment:
+#   DIRMULT_SASS_BASELINE=F  sass stage: F, a _C_cuda.so of an earlier build, against
+#                            the installed one (DIRMULT_SASS_NEW=F2 to name another),
+#                            function by function (scripts/gpu/compare_sass.py)
+#   DIRMULT_GPU_WHEELS=DIR   extra wheels (e.g. pyro-ppl) installed beside the package
+#   DIRMULT_BENCH_TIMINGS    bench stage's timings (default: "queued synced graph")
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
@@ -19,7 +25,7 @@ WORK=${DIRMULT_GPU_WORK:-/tmp/dirmult_gpu}
 SITE=$WORK/site
 PY=python3
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-stages=${*:-wheel check probe test sanitize multigpu bench profile}
+stages=${*:-wheel sass check probe test sanitize multigpu bench profile}
 status=0
 summary=()
 run_stage() {  # log (file name under $OUT, appended to), label, command...
@@ -35,8 +41,9 @@ run_stage() {  # log (file name under $OUT, appended to), label, command...
 }
 has() { [[ " $stages " == *" $1 "* ]]; }
 
-# At most 8 files come back from the device: summary.txt, build, check, test
-# (with multigpu), sanitize, bench (.log and .json) and profile.
+# Logs: summary.txt, build, check, test (with multigpu), sanitize, bench
+# (.log, .json, _sparse.json) and profile; the device returns 8 files a call,
+# so run profile in a call of its own.
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   python3 -c "import torch, sys; print(sys.version.split()[0], torch.__version__, torch.version.cuda, torch.cuda.device_count())"
 } > "$OUT/summary.txt" 2>&1
@@ -44,7 +51,11 @@ cat "$OUT/summary.txt"
 
 install_wheel() {  # the wheel in $WORK/dist, into $SITE
   rm -rf "$SITE"
-  python3 -m pip install -q --no-deps --no-index --target "$SITE" "$WORK"/dist/dirmult_ext-*.whl
+  python3 -m pip install -q --no-deps --no-index --target "$SITE" "$WORK"/dist/dirmult_ext-*.whl \
+    || return 1
+  if [ -n "${DIRMULT_GPU_WHEELS:-}" ]; then
+    python3 -m pip install -q --no-deps --no-index --target "$SITE" "$DIRMULT_GPU_WHEELS"/*.whl
+  fi
 }
 build_wheel_from_sdist() {
   rm -rf "$WORK" && mkdir -p "$WORK/dist" || return 1
@@ -68,6 +79,10 @@ fi
 [ -d "$SITE/dirmult_ext" ] || install_wheel || exit 1
 export PYTHONPATH=$SITE DIRMULT_EXPECT_INSTALLED_IN=$SITE
 cd "$WORK" || exit 1
+if has sass && [ -n "${DIRMULT_SASS_BASELINE:-}" ]; then
+  run_stage check "sass against $DIRMULT_SASS_BASELINE" "$PY" "$REPO/scripts/gpu/compare_sass.py" \
+    "$DIRMULT_SASS_BASELINE" "${DIRMULT_SASS_NEW:-$SITE/dirmult_ext/_C_cuda.so}"
+fi
 has check && run_stage check check "$PY" -m dirmult_ext check --rows 65536 --categories 1024
 # dm_log_normal (math.h) is the toolkit's logf without its special cases:
 # the same bits for every normal float, or the table and math paths could
@@ -87,21 +102,29 @@ if has sanitize; then
     "$PY" "$REPO/scripts/gpu/sanitizer_cases.py"
   run_stage sanitize racecheck compute-sanitizer --tool racecheck --error-exitcode 1 \
     "$PY" "$REPO/scripts/gpu/sanitizer_cases.py"
+  run_stage sanitize "memcheck, CSR" compute-sanitizer --tool memcheck --error-exitcode 1 \
+    "$PY" "$REPO/scripts/gpu/sparse_cases.py"
+  run_stage sanitize "racecheck, CSR" compute-sanitizer --tool racecheck --error-exitcode 1 \
+    "$PY" "$REPO/scripts/gpu/sparse_cases.py"
   unset PYTORCH_NO_CUDA_MEMORY_CACHING
 fi
 if has multigpu && [ "$("$PY" -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; then
   run_stage test "2-GPU fit" bash "$REPO/scripts/gpu/multigpu_fit_check.sh"
 fi
 if has bench; then
-  run_stage bench bench "$PY" -m dirmult_ext.bench --per-sample --components 16 --markdown \
-    --json "$OUT/bench.json"
+  timings=" ${DIRMULT_BENCH_TIMINGS:-queued synced graph} "
+  [[ $timings == *" queued "* ]] && run_stage bench bench "$PY" -m dirmult_ext.bench \
+    --per-sample --components 16 --markdown --json "$OUT/bench.json"
   # The same shapes with a synchronize after every call (the latency of an
   # isolated call).
-  run_stage bench "bench synced" "$PY" -m dirmult_ext.bench --timing synced --no-compile \
-    --markdown --quiet
+  [[ $timings == *" synced "* ]] && run_stage bench "bench synced" "$PY" -m dirmult_ext.bench \
+    --timing synced --no-compile --markdown --quiet
   # And replayed from CUDA graphs: the GPU time per call, no host in the way.
-  run_stage bench "bench graph" "$PY" -m dirmult_ext.bench --timing graph --no-compile \
-    --markdown --quiet
+  [[ $timings == *" graph "* ]] && run_stage bench "bench graph" "$PY" -m dirmult_ext.bench \
+    --timing graph --no-compile --markdown --quiet
+  # CSR counts: the package, the PyTorch written over the nonzeros, the dense op.
+  run_stage bench "bench CSR" "$PY" -m dirmult_ext.bench --sparse --markdown \
+    --json "$OUT/bench_sparse.json"
 fi
 if has profile && command -v ncu >/dev/null; then
   run_stage profile "ncu" timeout 300 ncu --clock-control none \
