@@ -36,7 +36,7 @@ RowSums row_count_sums(const count_t* counts, const scalar_t* la, bool shared, i
   const count_t* row = counts + b * V;
   RowSums r;
   // Four partial sums and the validity as a plain AND: one ordered chain of
-  // dependent double adds bounds the loop (BENCHMARKS.md, CPU). The same N
+  // dependent double adds bounds the loop (docs/PERFORMANCE_LEDGER.md, CPU). The same N
   // for integer counts (exact in double below 2^53); for fractional ones
   // within a rounding or so of the ordered sum.
   double s[4] = {0.0, 0.0, 0.0, 0.0};

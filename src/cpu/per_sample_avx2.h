@@ -2,7 +2,7 @@
 // CPUs that have them, chosen at run time; the package itself is built for
 // the baseline ISA). The scalar path spends one expf, a loop of products
 // with a data-dependent trip count and a logf on each count, slower than
-// eager float32 PyTorch's vectorized formula (BENCHMARKS.md, CPU). Here the
+// eager float32 PyTorch's vectorized formula (docs/PERFORMANCE_LEDGER.md, CPU). Here the
 // same exact products run in vector registers to the block's largest count,
 // with one vector exp and log per eight counts.
 #pragma once

@@ -1,7 +1,7 @@
 // Host policy of the CPU kernels: the thresholds that choose a path and the
 // fixed partitions of the work, apart from the loops that follow them. The
 // partitions depend on the shape only, never on the thread count: See Note
-// [Determinism]. The thresholds were fitted on 2 cores (BENCHMARKS.md, CPU).
+// [Determinism]. The thresholds were fitted on 2 cores (docs/PERFORMANCE_LEDGER.md, CPU).
 #pragma once
 
 #include <algorithm>

@@ -32,7 +32,7 @@ constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 // DM_ALWAYS_INLINE: inlined at every call. The per-row and per-count steps
 // of the row loops carry it: GCC's inliner otherwise stops at a limit on each
 // file's growth, so that whether they are inlined, and the table path's
-// speed, would depend on what else their file holds (BENCHMARKS.md, CPU).
+// speed, would depend on what else their file holds (docs/PERFORMANCE_LEDGER.md, CPU).
 #if defined(__GNUC__) || defined(__clang__)
 #define DM_ALWAYS_INLINE __attribute__((always_inline))
 #else

@@ -2,7 +2,7 @@
 // kTableMinRows of them, or sparse ones) eight counts at a time with AVX2,
 // chosen at run time. The scalar path's product loop mispredicts its exit
 // and zero test on random counts, which leaves a few dense rows slower than
-// eager (BENCHMARKS.md, CPU). Here the exact products run in vector
+// eager (docs/PERFORMANCE_LEDGER.md, CPU). Here the exact products run in vector
 // registers to the eight counts' largest and their logs are
 // host_log_normal's in AVX2 lanes: every term is the scalar path's bits, so
 // a row's value does not depend on which path, or how many rows, it took
