@@ -199,7 +199,7 @@ def test_per_sample_gradient_of_tiny_concentrations_matches_float64():
     # so that dpoch(A, N) ~ 1 / A is past float32, beside ordinary rows, in
     # one launch: the backward's difference adpoch(a, n) - a dpoch(A, N)
     # stays finite and accurate (float64 there; a float one was measured
-    # no faster, BENCHMARKS.md, thirteenth session).
+    # no faster, docs/PERFORMANCE_LEDGER.md).
     B, V = 64, 3
     counts = random_counts((B, V), torch.float32, "cpu", zero_frac=0.3)
     la = torch.empty(B, V).uniform_(-3, 4)

@@ -52,17 +52,10 @@ constexpr int kTableWidth = kMaxExactCount + 1;
 // too, with a log (lnpoch_chunked) or a ratio (adpoch_chunked) per
 // kMaxExactCount factors: about n multiplications, against the general
 // path's float64 shift recurrence and Stirling series, whose cost does not
-// grow with n. H200, 1% of the counts of 0..9 rows moved into a range, GPU
-// time per call (us) general -> chunked: tall forward 312 -> 128 (17..24),
-// 313 -> 167 (33..64), 207 -> 176 (65..128, twelfth session: the off-table
-// counts spread over the warp since); wide forward 78 -> 71 (65..128);
-// tall forward+backward (the single pass) 623 -> 228, 628 -> 324, 368 ->
-// 330; but per-sample forward+backward 1131 -> 1267 at 65..128 (its
-// backward, adpoch alone), hence lnpoch to 128 and adpoch to 64 on the
-// GPU. A CPU core runs the products' chain serially; there they win only
-// for the smaller counts (one core, lnpoch and adpoch of a term, ns: 17..24
-// 57 vs 88, 25..32 65 vs 87, 33..64 98 vs 119, 65..128 172 vs 121), hence
-// 48 for both.
+// grow with n. The bounds are where the products stop paying: on the GPU
+// lnpoch to 128 and adpoch to 64 (the per-sample backward, adpoch alone,
+// lost at 65..128); a CPU core runs the products' chain serially, 48 for
+// both (docs/PERFORMANCE_LEDGER.md, counts off the tables).
 #if defined(__CUDA_ARCH__)
 constexpr int kMaxChunkedCount = 128;
 constexpr int kMaxChunkedAdpochCount = 64;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The 2-GPU fit (issue 5): the same synthetic count matrix fitted by one GPU
+# The 2-GPU fit: the same synthetic count matrix fitted by one GPU
 # and by two (torchrun, NCCL, each rank holding half of the rows) must give
 # the same concentrations. Run by scripts/gpu/gpu_check.sh on a 2-GPU machine.
 set -euo pipefail

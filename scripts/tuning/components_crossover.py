@@ -1,7 +1,7 @@
 """Where the CUDA components op should run log_lik's shared-alpha kernels
 once per component instead of its fused component-table kernels: both
 timed on a grid of (B, V, K), forward and backward, so that the rule
-(`components_as_shared`, src/cuda/component_table_kernels.cuh) rests on
+(`components_per_component_forward` and `_backward`, src/cuda/policy.cu) rests on
 measurements.
 
     python scripts/tuning/components_crossover.py [--rows 1 4 16 ...] [--cols ...] [--components ...]
