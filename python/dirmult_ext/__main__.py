@@ -1,3 +1,4 @@
+"""``python -m dirmult_ext``: the ``dirmult-ext`` command."""
 import sys
 
 from .cli import main

@@ -1,3 +1,4 @@
+"""``python -m dirmult_ext.bench``: the benchmark's command line."""
 import sys
 
 from .cli import main
