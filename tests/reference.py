@@ -181,3 +181,17 @@ def random_sparse_counts(B, V, density, dtype=torch.float32, max_count=12, gener
     if not dtype.is_floating_point:
         counts = counts.round()
     return counts.to(dtype)
+
+
+def separated_mixture(B=900, V=12, K=3, seed=None):
+    """K components, each putting alpha 4 on its own block of 4 categories
+    and 0.4 elsewhere; labels uniform; totals 40..99."""
+    if seed is not None:
+        torch.manual_seed(seed)
+    alpha = torch.full((K, V), 0.4, dtype=torch.float64)
+    for k in range(K):
+        alpha[k, 4 * k:4 * k + 4] = 4.0
+    z = torch.randint(0, K, (B,))
+    from dirmult_ext.distribution import DirichletMultinomial
+    x = DirichletMultinomial(torch.randint(40, 100, (B,)), alpha[z]).sample().float()
+    return x, z, alpha

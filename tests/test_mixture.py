@@ -11,20 +11,10 @@ from dirmult_ext.distribution import DirichletMultinomial
 from dirmult_ext.fit import fit
 from dirmult_ext.mixture import DMMixture, adjusted_rand_index, best_permutation_accuracy, fit_mixture
 
+from reference import separated_mixture
+
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() and dirmult_ext.CUDA_KERNELS else [])
 
-
-def separated_mixture(B=900, V=12, K=3, seed=None):
-    """K components, each putting alpha 4 on its own block of 4 categories
-    and 0.4 elsewhere; labels uniform; totals 40..99."""
-    if seed is not None:
-        torch.manual_seed(seed)
-    alpha = torch.full((K, V), 0.4, dtype=torch.float64)
-    for k in range(K):
-        alpha[k, 4 * k:4 * k + 4] = 4.0
-    z = torch.randint(0, K, (B,))
-    x = DirichletMultinomial(torch.randint(40, 100, (B,)), alpha[z]).sample().float()
-    return x, z, alpha
 
 
 def match(pred, z, K):
