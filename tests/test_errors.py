@@ -120,6 +120,33 @@ OP_ERRORS = {
                          "poch_terms takes float32/float64 log_alpha and n of one dtype"),
     "poch_terms device": ("poch_terms", "torch.zeros(3, device=d), torch.zeros(3)",
                           "must be on the same device"),
+    "tpoch_terms sizes": ("tpoch_terms", "torch.zeros(3, device=d), torch.zeros(4, device=d)",
+                          "tpoch_terms needs log_alpha and n of one size"),
+    "csr values dtype": ("log_lik_csr", "torch.tensor([0, 1, 2], device=d), "
+                         "torch.tensor([0, 1], device=d), "
+                         "torch.ones(2, dtype=torch.float16, device=d), torch.zeros(3, device=d), "
+                         "False", "values must be float32 or float64"),
+    "csr index dtypes": ("log_lik_csr", "torch.tensor([0, 1, 2], device=d), "
+                         "torch.tensor([0, 1], dtype=torch.int32, device=d), "
+                         "torch.ones(2, device=d), torch.zeros(3, device=d), False",
+                         "crow_indices and col_indices must both be int32 or both int64"),
+    "csr lengths": ("log_lik_csr", "torch.tensor([0, 1, 2], device=d), "
+                    "torch.tensor([0, 1], device=d), torch.ones(3, device=d), "
+                    "torch.zeros(3, device=d), False",
+                    "col_indices and values must have the same length"),
+    "csr log_alpha rank": ("log_lik_csr", "torch.tensor([0, 1, 2], device=d), "
+                           "torch.tensor([0, 1], device=d), torch.ones(2, device=d), "
+                           "torch.zeros(1, 2, 3, device=d), False",
+                           "log_alpha must be .V,. or .K, V. with CSR counts"),
+    "csr_backward grad shape": ("log_lik_csr_backward", "torch.zeros(3, device=d), "
+                                "torch.tensor([0, 1, 2], device=d), torch.ones(2, device=d), "
+                                "torch.tensor([0, 1, 2, 2], device=d), "
+                                "torch.tensor([0, 1], device=d), torch.ones(2, device=d), "
+                                "torch.zeros(3, device=d)",
+                                "grad must be .B,. for .V,. log_alpha"),
+    "csr device": ("log_lik_csr", "torch.tensor([0, 1, 2], device=d), "
+                   "torch.tensor([0, 1], device=d), torch.ones(2), torch.zeros(3, device=d), "
+                   "False", "must be on the same device"),
 }
 # The device cases need a second device: on CUDA only.
 OP_ERROR_CASES = [(torch.device(d), name) for d in DEVICES for name in OP_ERRORS
