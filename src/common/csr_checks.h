@@ -1,13 +1,21 @@
 // Argument checks of the CSR ops (dirmult::log_lik_csr and its backward)
-// that read no data: the backstop for direct torch.ops.dirmult.* callers.
+// that read no data, and the forward's output shape: the backstop for direct torch.ops.dirmult.* callers.
 // The Python wrappers (python/dirmult_ext/sparse.py) run the same checks
 // first, and with validate=True those that read the indices. The kernels
 // never read out of bounds whatever the indices hold. See Note [CSR inputs].
 #pragma once
 
+#include <vector>
+
 #include "tensor_checks.h"
 
 namespace dirmult {
+
+// The forward's output: (B,) for (V,) log_alpha, (B, K) for (K, V).
+inline std::vector<int64_t> csr_out_shape(int64_t B, const Tensor& log_alpha) {
+  if (log_alpha.dim() == 1) return {B};
+  return {B, log_alpha.size(0)};
+}
 
 inline bool is_index_dtype(ScalarType t) { return t == ScalarType::Int || t == ScalarType::Long; }
 

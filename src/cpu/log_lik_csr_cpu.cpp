@@ -201,11 +201,6 @@ void csr_backward(const scalar_t* grad, const index_t* crow, const value_t* val,
   });
 }
 
-std::vector<int64_t> csr_out_shape(int64_t B, const Tensor& log_alpha) {
-  if (log_alpha.dim() == 1) return {B};
-  return {B, log_alpha.size(0)};
-}
-
 }  // namespace
 
 Tensor log_lik_csr_cpu(Tensor crow, Tensor col, Tensor val, Tensor log_alpha, bool normalize) {

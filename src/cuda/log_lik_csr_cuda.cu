@@ -44,11 +44,6 @@ CsrPrep prepare_alpha(const Tensor& log_alpha, int64_t K, int64_t V, cudaStream_
   return p;
 }
 
-std::vector<int64_t> csr_out_shape(int64_t B, const Tensor& log_alpha) {
-  if (log_alpha.dim() == 1) return {B};
-  return {B, log_alpha.size(0)};
-}
-
 }  // namespace
 
 Tensor log_lik_csr_cuda(Tensor crow, Tensor col, Tensor val, Tensor log_alpha, bool normalize) {
