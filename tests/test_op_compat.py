@@ -59,7 +59,9 @@ def _opcheck_cases(op, device):
 def _csr_parts(counts):
     """A dense (B, V) matrix's CSR parts (crow, col, values), int64 indices."""
     t = counts.to_sparse_csr()
-    return t.crow_indices(), t.col_indices(), t.values()
+    # Clones: views of a sparse tensor's parts are not plain tensors to the
+    # fake-tensor tracing of some torch releases.
+    return t.crow_indices().clone(), t.col_indices().clone(), t.values().clone()
 
 
 def _csr_backward_args(grad, counts, log_alpha):
