@@ -48,7 +48,7 @@ def _load_cuda_kernels() -> bool:
 
 
 # The ways float32 log_lik_components may be forced to take on CUDA
-# (src/cuda/ops_cuda.h reads the variable once per process and raises on
+# (src/cuda/policy.cu reads the variable once per process and raises on
 # other values too; checked here on import as well, where the error surely
 # reaches Python: see Note [Stable ABI errors]).
 COMPONENTS_WAYS = ("auto", "fused", "per_component")
@@ -71,8 +71,8 @@ ops = torch.ops.dirmult
 # The single pass (dirmult::log_lik_with_grad) reads the counts once for the
 # forward and the gradient of the rows' sum. Its kernels serve shared
 # log_alpha over at least this many rows: on CUDA float32 from one row
-# (src/cuda/log_lik_with_grad.cu; the tables serve any number of rows), on
-# CPU from 64 (kRowsForRowsOnly in src/cpu/log_lik_cpu.cpp: fewer, long rows
+# (src/cuda/log_lik_with_grad_cuda.cu; the tables serve any number of rows),
+# on CPU from 64 (kRowsForRowsOnly in src/cpu/policy_cpu.h: fewer, long rows
 # are split into column chunks by the forward and the backward). Elsewhere
 # the op is a forward plus a backward and would only move the backward's
 # work into the forward. See Note [Single pass].
