@@ -10,8 +10,11 @@ Formats, chosen by file name suffix:
   tab- (tsv) or whitespace- (txt) separated; a first line that is not
   numeric is taken as a header and skipped.
 * ``.mtx`` (optionally ``.gz``): Matrix Market, read with ``scipy.io.mmread``.
+* ``.h5ad``: AnnData, read with h5py (:mod:`dirmult_ext.h5ad`): ``X``, or the
+  matrix named ``key`` (``raw/X``, ``layers/NAME``), rows = cells.
 
-Sparse files (``.mtx`` and scipy-sparse ``.npz``) load as a
+Sparse files (``.mtx``, scipy-sparse ``.npz``, ``.h5ad`` with a sparse
+matrix) load as a
 :class:`dirmult_ext.SparseCounts`, read without densifying; the others as a
 dense ``(B, V)`` float32 torch tensor (float64 on request); ``sparse=`` asks
 for either form from any file. The values are checked to be finite and
@@ -103,22 +106,33 @@ def _read_any(path: str, key: Optional[str]) -> np.ndarray:
             import scipy.io
             m = scipy.io.mmread(path)
             return m.toarray() if hasattr(m, "toarray") else np.asarray(m)
+        if suf == ".h5ad":
+            from .h5ad import read_matrix
+            m = read_matrix(path, key)
+            return m.toarray() if hasattr(m, "toarray") else np.asarray(m)
     except (OSError, EOFError) as e:
         raise ValueError(f"{path}: cannot read ({e})") from None
     except ValueError as e:
         msg = str(e)
         raise ValueError(msg if msg.startswith(path) else f"{path}: {msg}") from None
     raise ValueError(f"{path}: unknown format {suf or '(no suffix)'!r}; use .npy, .npz, "
-                     ".csv, .tsv, .txt (optionally .gz) or .mtx")
+                     ".csv, .tsv, .txt (optionally .gz), .mtx or .h5ad")
 
 
 def is_sparse_file(path) -> bool:
     """Whether the file stores a sparse matrix: Matrix Market (``.mtx``,
-    ``.mtx.gz``) or a ``scipy.sparse.save_npz`` file."""
+    ``.mtx.gz``), a ``scipy.sparse.save_npz`` file or an ``.h5ad`` whose
+    ``X`` is a CSR or CSC group."""
     path = os.fspath(path)
     suf = _suffix(path)
     if suf in (".mtx", ".mtx.gz"):
         return True
+    if suf == ".h5ad" and os.path.exists(path):
+        from .h5ad import is_sparse
+        try:
+            return is_sparse(path)
+        except (OSError, ValueError):
+            return False
     if suf == ".npz" and os.path.exists(path):
         try:
             with np.load(path, allow_pickle=False) as z:
@@ -137,6 +151,9 @@ def _read_sparse(path: str, key: Optional[str]):
         if suf in (".mtx", ".mtx.gz"):
             import scipy.io
             m = scipy.io.mmread(path)
+        elif suf == ".h5ad":
+            from .h5ad import read_matrix
+            m = read_matrix(path, key)
         elif suf == ".npz" and key is None:
             with np.load(path, allow_pickle=False) as z:
                 stored_sparse = "format" in z.files and "shape" in z.files
@@ -185,7 +202,8 @@ def load_counts(path, *, dtype: torch.dtype = torch.float32, key: Optional[str] 
     Args:
         path: file name; the format follows the suffix (module docstring).
         dtype: ``torch.float32`` (default) or ``torch.float64``.
-        key: array name inside a multi-array ``.npz``.
+        key: array name inside a multi-array ``.npz``; in an ``.h5ad``, the
+            matrix (default ``X``; ``raw/X``, ``layers/NAME``).
         require_integer: also reject non-integer values.
         sparse: ``True``: a :class:`dirmult_ext.SparseCounts` (values of
             ``dtype``; dense formats are read dense and converted);
@@ -207,7 +225,11 @@ def load_counts(path, *, dtype: torch.dtype = torch.float32, key: Optional[str] 
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path}: no such file")
     if sparse is None:
-        sparse = key is None and is_sparse_file(path)
+        if _suffix(path) == ".h5ad":
+            from .h5ad import is_sparse
+            sparse = is_sparse(path, key)
+        else:
+            sparse = key is None and is_sparse_file(path)
     if sparse:
         return _load_sparse(path, dtype, key, require_integer)
     arr = np.asarray(_read_any(path, key))
