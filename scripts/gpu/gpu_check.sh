@@ -94,8 +94,11 @@ has check && run_stage check "dm_log_normal bits" bash -c "nvcc -std=c++17 -arch
 # process per call: each must raise (Note [Stable ABI errors]); the log also
 # shows whether this torch's C++ errors alone would.
 has probe && run_stage check "op error probe" "$PY" "$REPO/scripts/gpu/probe_op_errors.py"
+# pytest-xdist, where the machine has it, runs the suite on 12 workers.
+parallel=$("$PY" -c 'import xdist' 2>/dev/null && echo "-n 12")
+# shellcheck disable=SC2086
 has test && run_stage test test "$PY" -m pytest "$REPO/tests" -q -p no:cacheprovider -rfE \
-  --rootdir "$REPO"
+  --rootdir "$REPO" $parallel
 if has sanitize; then
   export PYTORCH_NO_CUDA_MEMORY_CACHING=1  # so memcheck sees each allocation's bounds
   run_stage sanitize memcheck compute-sanitizer --tool memcheck --error-exitcode 1 \
