@@ -88,7 +88,7 @@ if [[ $parts == *" dm "* ]]; then
   fit_both dm "$tmp/dm.npz" --tol 1e-10
 fi
 if [[ $parts == *" mixture "* ]]; then
-  if "$PY" -m dirmult_ext.distributed --help | grep -q -- '--k '; then
+  if [[ $("$PY" -m dirmult_ext.distributed --help) == *"--k "* ]]; then
     # A fixed number of EM iterations from one seeded initialization, so that
     # both runs take the same steps and time the same work.
     fit_both mixture "$tmp/mixture.npz" --k 10 --n-init 1 --init random --seed 0 \
