@@ -27,6 +27,7 @@ import math
 import os
 import socket
 import sys
+import time
 from typing import Optional
 
 import numpy as np
@@ -130,7 +131,8 @@ def main(argv=None) -> int:
     p.add_argument("--max-iter", type=int, default=500)
     p.add_argument("--batch-size", type=int, default=None)
     p.add_argument("--device", default="auto", help="auto: cuda:LOCAL_RANK if available")
-    p.add_argument("--out", help="rank 0 saves alpha, log_alpha, log_lik to this .npz")
+    p.add_argument("--out", help="rank 0 saves alpha, log_alpha, log_lik, n_iter, converged and "
+                   "fit_s (seconds in the fit) to this .npz")
     args = p.parse_args(list(sys.argv[1:] if argv is None else argv))
     if (args.file is None) == (not args.synthetic):
         p.error("give a counts FILE or --synthetic (not both)")
@@ -166,15 +168,18 @@ def main(argv=None) -> int:
             from .io import load_counts
             full = load_counts(args.file)  # (a sparse file stays sparse: its rows' nonzeros)
             local = full[shard_rows(full.shape[0], rank, world)]
+        t0 = time.perf_counter()
         r = fit_distributed(local, method=args.method, tol=args.tol, max_iter=args.max_iter,
                             batch_size=args.batch_size, device=device, progress=None)
+        fit_s = time.perf_counter() - t0  # (r.log_lik is a host float: the device is done)
         if rank == 0:
             print(f"world size {world} ({backend}), {r.n_rows} rows x {local.shape[1]} "
                   f"categories: log-likelihood {r.log_lik:.6f}, {r.n_iter} iterations, "
-                  f"converged={r.converged}, A={r.precision:.6g}")
+                  f"converged={r.converged}, A={r.precision:.6g}, fit {fit_s:.3f} s")
             if args.out:
                 np.savez(args.out, alpha=r.alpha.numpy(), log_alpha=r.log_alpha.numpy(),
-                         log_lik=r.log_lik, n_iter=r.n_iter, converged=r.converged)
+                         log_lik=r.log_lik, n_iter=r.n_iter, converged=r.converged,
+                         fit_s=fit_s)
                 print(f"saved {args.out}")
     finally:
         dist.destroy_process_group()

@@ -41,7 +41,7 @@ run_stage() {  # log (file name under $OUT, appended to), label, command...
 }
 has() { [[ " $stages " == *" $1 "* ]]; }
 
-# Logs: summary.txt, build, check, test (with multigpu), sanitize, bench
+# Logs: summary.txt, build, check, test, sanitize, multigpu, bench
 # (.log, .json, _sparse.json) and profile; the device returns 8 files a call,
 # so run profile in a call of its own.
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
@@ -111,8 +111,13 @@ if has sanitize; then
     "$PY" "$REPO/scripts/gpu/sparse_cases.py"
   unset PYTORCH_NO_CUDA_MEMORY_CACHING
 fi
-if has multigpu && [ "$("$PY" -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; then
-  run_stage test "2-GPU fit" bash "$REPO/scripts/gpu/multigpu_fit_check.sh"
+if has multigpu; then
+  n_gpu=$("$PY" -c 'import torch; print(torch.cuda.device_count())')
+  if [ "$n_gpu" -ge 2 ]; then
+    run_stage multigpu "2-GPU sparse fit" bash "$REPO/scripts/gpu/multigpu_fit_check.sh"
+  else
+    summary+=("2-GPU sparse fit: not run ($n_gpu GPU)")
+  fi
 fi
 if has bench; then
   timings=" ${DIRMULT_BENCH_TIMINGS:-queued synced graph} "
