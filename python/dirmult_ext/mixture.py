@@ -347,7 +347,8 @@ def fit_mixture(counts, k: Union[int, Iterable[int]], *, n_init: int = 3,
             (:mod:`dirmult_ext.criteria`); with ``"dmn"`` they are dmn's.
 
     Returns:
-        :class:`DMMixture` (float64, CPU), or a ModelSelection for several k.
+        :class:`DMMixture` (float64, CPU; components by decreasing weight),
+        or a ModelSelection for several k.
     """
     if not isinstance(k, (int, np.integer)) and not isinstance(k, bool):
         try:
@@ -410,6 +411,9 @@ def fit_mixture(counts, k: Union[int, Iterable[int]], *, n_init: int = 3,
     eta = eta.detach()
     lp = 0.0 if prior is None else float(prior.log_density(eta).sum())
     h, c = hessian_parts(S, eta)
+    # components by decreasing weight (dmn's weight term leaves out the first)
+    order = torch.argsort(-log_pi, stable=True)
+    eta, log_pi, R, h, c = eta[order], log_pi[order], R[:, order], h[order], c[order]
     log_det = log_det_hessian(h, c, eta, R.sum(0), B)
     crit = criteria(ll, lp, log_det, k, V, B)
     return DMMixture(weights=log_pi.exp().cpu(), log_alpha=eta.cpu(), log_lik=ll,
