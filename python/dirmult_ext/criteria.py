@@ -21,7 +21,8 @@ W_k = sum_b r_bk:
     AIC     = NLE + p
 
 BIC and AIC are half the usual -2 log L + ... scale. ``log det H`` is
-``dmn``'s: sum_k log |det H_k| + sum_{k >= 2} (2 log B - log W_k), where H_k
+``dmn``'s: sum_k log |det H_k| + sum_{k >= 2} (2 log B - log W_k) (components
+by decreasing weight: the heaviest is left out), where H_k
 is the V x V Hessian of the component's negative weighted log posterior
 
     -[sum_b r_bk log DM(n_b | alpha_k) + sum_v log p(lambda_kv)]
