@@ -165,7 +165,8 @@ def test_cli_user_errors(tmp_path, capsys):
     for argv, msg in ((["--k", "9"], "needs at least 9 samples"),
                       (["--k", "3-x"], "--k must be"),
                       (["--k", "0-2"], ">= 1"),
-                      (["--k", "2", "--plot"], "give --out")):
+                      (["--k", "2", "--plot"], "give --out"),
+                      (["--k", "2", "--n-init", "0"], "--n-init must be >= 1")):
         assert fit_cli.main([str(tmp_path / "ok.npy")] + argv) == 2
         err = capsys.readouterr().err
         assert msg in err and "Traceback" not in err, err

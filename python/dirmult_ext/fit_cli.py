@@ -124,7 +124,11 @@ def _parser() -> argparse.ArgumentParser:
                    "(and, for k > 1, the adjusted Rand index of the clusters)")
     p.add_argument("--method", choices=["newton", "fixed_point"], default="newton",
                    help="single-DM optimizer (default newton)")
-    p.add_argument("--n-init", type=int, default=3, help="mixture restarts (default 3)")
+    p.add_argument("--n-init", type=int, default=3,
+                   help="mixture EM runs to convergence (default 3)")
+    p.add_argument("--n-screen", type=int, default=20,
+                   help="short mixture runs screened for the --n-init starts (default 20; "
+                        "0: none)")
     p.add_argument("--max-iter", type=int, default=200, help="iterations (default 200)")
     p.add_argument("--tol", type=float, default=None,
                    help="relative log-likelihood tolerance (default 1e-8 for k=1, 1e-6 for "
@@ -172,8 +176,10 @@ def main(argv=None) -> int:
         if max(ks) > counts.shape[0]:
             raise ValueError(f"--k {max(ks)} needs at least {max(ks)} samples, the data has "
                              f"{counts.shape[0]}")
-        if args.top < 1:
-            raise ValueError(f"--top must be >= 1, got {args.top}")
+        for flag, v, lo in (("--top", args.top, 1), ("--n-init", args.n_init, 1),
+                            ("--n-screen", args.n_screen, 0), ("--max-iter", args.max_iter, 1)):
+            if v < lo:
+                raise ValueError(f"{flag} must be >= {lo}, got {v}")
         if args.plot:
             if not args.out:
                 raise ValueError("--plot writes beside the results: give --out too")
@@ -220,6 +226,7 @@ def main(argv=None) -> int:
         tol = 1e-6 if args.tol is None else args.tol
         prior = None if args.prior == "none" else args.prior
         fitted = fit_mixture(counts, ks if len(ks) > 1 else k, n_init=args.n_init,
+                             n_screen=args.n_screen,
                              max_iter=args.max_iter, tol=tol, seed=args.seed,
                              progress=args.progress, device=device,
                              batch_size=args.batch_size, prior=prior)
@@ -230,9 +237,10 @@ def main(argv=None) -> int:
             selection = fitted
             m = selection.best
             k = selection.best_k
-            print(f"model selection, k = {ks[0]}..{ks[-1]} ({what}, {args.n_init} restarts "
-                  f"each, {dt:.2f} s); criteria as DirichletMultinomial::dmn defines them "
-                  "(lower is better, half the usual BIC/AIC scale):")
+            print(f"model selection, k = {ks[0]}..{ks[-1]} ({what}, {args.n_init} runs from "
+                  f"{max(args.n_screen, args.n_init)} seeds each, {dt:.2f} s); criteria as "
+                  "DirichletMultinomial::dmn defines them (lower is better, half the usual "
+                  "BIC/AIC scale):")
             print(selection.format_table())
             print(f"chosen k = {k} (Laplace)")
         else:

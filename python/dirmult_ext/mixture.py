@@ -15,8 +15,9 @@ n_b ~ DM(alpha_k). EM on
   components together; the E-step and the statistics of that step share one
   pass over the rows (see ``_em_run``).
 
-Restarts: ``n_init`` runs from k-means++ seeds on the row proportions
-(or random responsibilities), the best final log-likelihood wins.
+Restarts (Note [Mixture restarts]): ``n_screen`` short runs from k-means++
+seeds on the row proportions (or random responsibilities), the best
+``n_init`` of them run to convergence, the best final objective wins.
 
 Optionally (``prior=``) the MAP estimate under ``dmn``'s Gamma prior on the
 concentrations. Criteria (Laplace, BIC, AIC) are ``dmn``'s, on half the usual
@@ -315,7 +316,8 @@ def fit_mixture(counts, k: Union[int, Iterable[int]], *, n_init: int = 3,
                 max_iter: int = 200, tol: float = 1e-6, seed: Optional[int] = None,
                 progress: Optional[bool] = None, device=None, init: str = "kmeans++",
                 m_steps: int = 2, batch_size: Optional[int] = None,
-                min_alpha: float = 1e-6, prior=None) -> Union[DMMixture, ModelSelection]:
+                min_alpha: float = 1e-6, prior=None, n_screen: int = 20,
+                screen_iter: int = 10) -> Union[DMMixture, ModelSelection]:
     """Fit a K-component Dirichlet-multinomial mixture by EM.
 
     Args:
@@ -325,7 +327,11 @@ def fit_mixture(counts, k: Union[int, Iterable[int]], *, n_init: int = 3,
             :class:`~dirmult_ext.criteria.ModelSelection` is returned, with
             the fits, the table of log-likelihood, Laplace, BIC and AIC, and
             the k the Laplace criterion picks (as ``dmn`` users choose).
-        n_init: restarts; the one with the highest log-likelihood is returned.
+        n_init: full EM runs; the one with the highest objective is returned.
+        n_screen, screen_iter: the runs start from the best ``n_init`` of
+            ``n_screen`` short runs (``screen_iter`` EM iterations each, from
+            their own seeds); ``n_screen <= n_init``: ``n_init`` runs from
+            fresh seeds. See Note [Mixture restarts].
         max_iter: EM iterations per restart.
         tol: stop when the log-likelihood changes by at most
             ``tol * |log L|`` between E-steps.
@@ -358,7 +364,7 @@ def fit_mixture(counts, k: Union[int, Iterable[int]], *, n_init: int = 3,
                              f"got {k!r}") from None
         if not ks or len(set(ks)) != len(ks):
             raise ValueError(f"k must hold distinct positive integers, got {k!r}")
-        kw = dict(n_init=n_init, max_iter=max_iter, tol=tol, seed=seed, progress=progress,
+        kw = dict(n_screen=n_screen, screen_iter=screen_iter, n_init=n_init, max_iter=max_iter, tol=tol, seed=seed, progress=progress,
                   device=device, init=init, m_steps=m_steps, batch_size=batch_size,
                   min_alpha=min_alpha, prior=prior)
         counts = _as_counts(counts)
@@ -375,6 +381,10 @@ def fit_mixture(counts, k: Union[int, Iterable[int]], *, n_init: int = 3,
         raise ValueError(f"k must be a positive integer, got {k!r}")
     if not isinstance(n_init, int) or n_init < 1:
         raise ValueError(f"n_init must be a positive integer, got {n_init!r}")
+    if not isinstance(n_screen, int) or n_screen < 0:
+        raise ValueError(f"n_screen must be a non-negative integer, got {n_screen!r}")
+    if not isinstance(screen_iter, int) or screen_iter < 1:
+        raise ValueError(f"screen_iter must be a positive integer, got {screen_iter!r}")
     if init not in ("kmeans++", "random"):
         raise ValueError(f"init must be 'kmeans++' or 'random', got {init!r}")
     if not isinstance(m_steps, int) or m_steps < 1:
@@ -396,8 +406,21 @@ def fit_mixture(counts, k: Union[int, Iterable[int]], *, n_init: int = 3,
     best = None
     finals = []
     try:
+        starts = []
+        if n_screen > n_init and k > 1:
+            # short runs from many seeds; the best n_init go on to convergence
+            screened = []
+            for _ in range(n_screen):
+                R0 = (_kmeanspp(rows, k, gen) if init == "kmeans++"
+                      else _random_resp(B, k, gen, dev))
+                out = _em_run(rows, R0, max_iter=screen_iter, tol=tol, m_steps=m_steps,
+                              min_alpha=min_alpha, prior=prior)
+                screened.append((out[3][-1], out[2]))
+            screened.sort(key=lambda t: -t[0])
+            starts = [R0 for _, R0 in screened[:n_init]]
         for run in range(n_init):
-            R = _kmeanspp(rows, k, gen) if init == "kmeans++" else _random_resp(B, k, gen, dev)
+            R = starts[run] if starts else (
+                _kmeanspp(rows, k, gen) if init == "kmeans++" else _random_resp(B, k, gen, dev))
             eta, log_pi, R, trace, it, converged, ll, S = _em_run(
                 rows, R, max_iter=max_iter, tol=tol, m_steps=m_steps, min_alpha=min_alpha,
                 bar=bar, run=run, prior=prior)
