@@ -193,7 +193,8 @@ def test_cli_errors(tmp_path, capsys):
 
 def test_cli_digits_default(capsys):
     """The no-FILE run on the bundled digits (fewer restarts/iterations here)."""
-    assert fit_cli.main(["--n-init", "1", "--max-iter", "40", "--device", "cpu"]) == 0
+    assert fit_cli.main(["--n-init", "1", "--n-screen", "0", "--max-iter", "40",
+                         "--device", "cpu"]) == 0
     text = capsys.readouterr().out
     assert "1797 rows x 64 categories" in text
     assert "10-component DM mixture" in text and "BIC" in text

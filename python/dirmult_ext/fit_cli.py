@@ -6,6 +6,9 @@ DM mixture to a count matrix, print a summary, save the parameters.
                                          held-out accuracy of the class-conditional
                                          DM classifier vs multinomial naive Bayes
     dirmult-ext fit counts.npz --k 3 --out params.npz
+    dirmult-ext fit taxa.csv --k 1-7 --prior dmn --out results/ --plot
+                                         model selection as DirichletMultinomial's
+                                         dmn: the criteria table and the chosen k
     dirmult-ext fit counts.csv --labels labels.txt
 """
 from __future__ import annotations
@@ -13,13 +16,29 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from typing import Optional
+from typing import List, Optional
 
 import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["main", "multinomial_naive_bayes", "pick_device", "train_test_split"]
+__all__ = ["main", "multinomial_naive_bayes", "pick_device", "train_test_split", "parse_k"]
+
+
+def parse_k(text: str) -> List[int]:
+    """``--k``: ``3``, a range ``1-7`` or a list ``2,4,6``."""
+    try:
+        if "-" in text:
+            lo, hi = (int(t) for t in text.split("-"))
+            ks = list(range(lo, hi + 1))
+        else:
+            ks = [int(t) for t in text.split(",")]
+    except ValueError:
+        raise ValueError(f"--k must be a number, a range like 1-7 or a list like 2,4,6; "
+                         f"got {text!r}") from None
+    if not ks or min(ks) < 1 or len(set(ks)) != len(ks):
+        raise ValueError(f"--k must give distinct numbers of components >= 1, got {text!r}")
+    return ks
 
 
 def pick_device(name: str = "auto") -> torch.device:
@@ -77,16 +96,39 @@ def _parser() -> argparse.ArgumentParser:
                     "UCI digits data.")
     p.add_argument("file", nargs="?", help=".npy, .npz (dense or scipy.sparse), .csv/.tsv/"
                    ".txt (optionally .gz) or .mtx; default: the bundled digits data")
-    p.add_argument("--k", type=int, default=None,
-                   help="components (1: a single DM; default 1, or 10 for the digits)")
+    p.add_argument("--k", default=None,
+                   help="components: a number (1: a single DM; default 1, or 10 for the "
+                        "digits), or a range 1-7 / list 2,4,6: fit each, print the table of "
+                        "log-likelihood, Laplace, BIC, AIC and the k Laplace picks")
+    p.add_argument("--prior", choices=["none", "dmn"], default="none",
+                   help="mixtures: dmn: the MAP estimate under DirichletMultinomial's "
+                        "Gamma(0.1, 0.1) prior on each alpha (its criteria then match "
+                        "dmn's); none (default): maximum likelihood")
+    p.add_argument("--samples-in-columns", action=argparse.BooleanOptionalAction,
+                   default=None, help="the text file holds one sample per column (taxa x "
+                   "samples) and is transposed (default: detected from the header's first "
+                   "cell, e.g. Taxon or #OTU ID)")
+    p.add_argument("--index-col", action=argparse.BooleanOptionalAction, default=None,
+                   help="the text file's first column holds names (default: when it is not "
+                        "numeric)")
     p.add_argument("--device", default="auto", help="auto (default), cpu, cuda, cuda:N")
-    p.add_argument("--out", help="save the fitted parameters to this .npz")
+    p.add_argument("--out", help="save the results: a .npz file (with the tables as .csv "
+                   "beside it) or a directory (dmm.npz, dmm_*.csv); default: not saved")
+    p.add_argument("--plot", action="store_true",
+                   help="mixtures, with --out: PNGs of the criteria against k and of the top "
+                        "features' mean proportions per component (needs matplotlib)")
+    p.add_argument("--top", type=int, default=5,
+                   help="features printed per component (default 5)")
     p.add_argument("--labels", help="one label per row: also report the held-out accuracy "
                    "of the class-conditional DM classifier vs multinomial naive Bayes "
                    "(and, for k > 1, the adjusted Rand index of the clusters)")
     p.add_argument("--method", choices=["newton", "fixed_point"], default="newton",
                    help="single-DM optimizer (default newton)")
-    p.add_argument("--n-init", type=int, default=3, help="mixture restarts (default 3)")
+    p.add_argument("--n-init", type=int, default=3,
+                   help="mixture EM runs to convergence (default 3)")
+    p.add_argument("--n-screen", type=int, default=20,
+                   help="short mixture runs screened for the --n-init starts (default 20; "
+                        "0: none)")
     p.add_argument("--max-iter", type=int, default=200, help="iterations (default 200)")
     p.add_argument("--tol", type=float, default=None,
                    help="relative log-likelihood tolerance (default 1e-8 for k=1, 1e-6 for "
@@ -103,7 +145,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     from .fit import fit
-    from .io import load_counts, load_labels
+    from .io import load_count_table, load_labels
     from .mixture import DMClassifier, adjusted_rand_index, fit_mixture
 
     t_start = time.perf_counter()
@@ -118,15 +160,34 @@ def main(argv=None) -> int:
             counts, labels = load_digits()
             classes = np.arange(10)
             source = "bundled UCI optical digits (Alpaydin & Kaynak 1998, CC BY 4.0)"
-            k = 10 if args.k is None else args.k
+            ks = [10] if args.k is None else parse_k(args.k)
+            sample_names = [str(i + 1) for i in range(counts.shape[0])]
+            feature_names = [f"pixel{i + 1}" for i in range(counts.shape[1])]
+            transposed = False
         else:
-            counts = load_counts(args.file)  # (sparse files stay sparse)
+            # (sparse files stay sparse)
+            counts, sample_names, feature_names, transposed = load_count_table(
+                args.file, samples_in_columns=args.samples_in_columns,
+                index_col=args.index_col)
             source = args.file
-            k = 1 if args.k is None else args.k
+            ks = [1] if args.k is None else parse_k(args.k)
             if args.labels:
                 labels, classes = load_labels(args.labels, counts.shape[0])
-        if k < 1:
-            raise ValueError(f"--k must be >= 1, got {k}")
+        if max(ks) > counts.shape[0]:
+            raise ValueError(f"--k {max(ks)} needs at least {max(ks)} samples, the data has "
+                             f"{counts.shape[0]}")
+        for flag, v, lo in (("--top", args.top, 1), ("--n-init", args.n_init, 1),
+                            ("--n-screen", args.n_screen, 0), ("--max-iter", args.max_iter, 1)):
+            if v < lo:
+                raise ValueError(f"{flag} must be >= {lo}, got {v}")
+        if args.plot:
+            if not args.out:
+                raise ValueError("--plot writes beside the results: give --out too")
+            from .plots import require_matplotlib
+            require_matplotlib()
+    except ImportError as e:
+        print(f"dirmult-ext fit: error: {e}", file=sys.stderr)
+        return 2
     except (ValueError, FileNotFoundError) as e:
         print(f"dirmult-ext fit: error: {e}", file=sys.stderr)
         return 2
@@ -138,13 +199,15 @@ def main(argv=None) -> int:
     else:
         N = counts.row_totals()
         zeros = 1.0 - int((counts.values != 0).sum()) / max(B * V, 1)
-    print(f"data: {source}")
+    print(f"data: {source}" + (" (samples in columns: transposed)" if transposed else ""))
     print(f"  {B} rows x {V} categories, {int(N.sum())} counts, row totals "
           f"{int(N.min())}..{int(N.max())}, {zeros:.1%} zeros")
     print(f"device: {device}")
     params = {}
+    mixture = selection = None
     t0 = time.perf_counter()
-    if k == 1:
+    k = ks[0]
+    if ks == [1]:
         tol = 1e-8 if args.tol is None else args.tol
         r = fit(counts, method=args.method, tol=tol, max_iter=args.max_iter,
                 batch_size=args.batch_size, progress=args.progress, device=device)
@@ -153,23 +216,48 @@ def main(argv=None) -> int:
               f"{r.n_iter} iterations, converged={r.converged}, {dt:.2f} s")
         bic = -2 * r.log_lik + V * np.log(B)
         print(f"  precision A = sum(alpha) = {r.precision:.6g}; BIC {bic:.4f}")
-        top = torch.argsort(r.alpha, descending=True)[:5].tolist()
-        print("  largest alpha: " + ", ".join(f"[{i}] {float(r.alpha[i]):.4g}" for i in top))
+        top = torch.argsort(r.alpha, descending=True)[:args.top].tolist()
+        print("  largest alpha: " + ", ".join(f"{feature_names[i]} {float(r.alpha[i]):.4g}"
+                                               for i in top))
         params = dict(alpha=r.alpha.numpy(), log_alpha=r.log_alpha.numpy(),
                       log_lik=r.log_lik, n_iter=r.n_iter, converged=r.converged,
                       log_lik_trace=np.asarray(r.log_lik_trace))
     else:
         tol = 1e-6 if args.tol is None else args.tol
-        m = fit_mixture(counts, k, n_init=args.n_init, max_iter=args.max_iter, tol=tol,
-                        seed=args.seed, progress=args.progress, device=device,
-                        batch_size=args.batch_size)
+        prior = None if args.prior == "none" else args.prior
+        fitted = fit_mixture(counts, ks if len(ks) > 1 else k, n_init=args.n_init,
+                             n_screen=args.n_screen,
+                             max_iter=args.max_iter, tol=tol, seed=args.seed,
+                             progress=args.progress, device=device,
+                             batch_size=args.batch_size, prior=prior)
         dt = time.perf_counter() - t0
-        print(f"{k}-component DM mixture (EM, {args.n_init} restarts): log-likelihood "
-              f"{m.log_lik:.4f}, BIC {m.bic:.4f}, AIC {m.aic:.4f}")
+        what = ("maximum likelihood" if prior is None
+                else "MAP under dmn's Gamma(0.1, 0.1) prior")
+        if len(ks) > 1:
+            selection = fitted
+            m = selection.best
+            k = selection.best_k
+            print(f"model selection, k = {ks[0]}..{ks[-1]} ({what}, {args.n_init} runs from "
+                  f"{max(args.n_screen, args.n_init)} seeds each, {dt:.2f} s); criteria as "
+                  "DirichletMultinomial::dmn defines them (lower is better, half the usual "
+                  "BIC/AIC scale):")
+            print(selection.format_table())
+            print(f"chosen k = {k} (Laplace)")
+        else:
+            m = fitted
+        mixture = m
+        print(f"{k}-component DM mixture (EM, {what}): log-likelihood {m.log_lik:.4f} "
+              f"(normalized pmf); Laplace {m.laplace:.2f}, BIC {m.bic:.2f}, AIC {m.aic:.2f}")
         print(f"  best restart: {m.n_iter} iterations, converged={m.converged}; restarts' "
-              f"log-likelihoods " + ", ".join(f"{x:.2f}" for x in m.restart_log_liks)
+              f"objectives " + ", ".join(f"{x:.2f}" for x in m.restart_log_liks)
               + f"; {dt:.2f} s")
-        print("  weights: " + " ".join(f"{float(w):.3f}" for w in m.weights))
+        mean = m.alpha / m.alpha.sum(-1, keepdim=True)
+        print(f"  components by weight, top {args.top} features by mean proportion:")
+        for j in range(k):
+            top = torch.argsort(mean[j], descending=True)[:args.top].tolist()
+            print(f"  {j + 1}: weight {float(m.weights[j]):.3f}, precision "
+                  f"{float(m.alpha[j].sum()):.4g}: "
+                  + ", ".join(f"{feature_names[i]} {float(mean[j, i]):.1%}" for i in top))
         assign = m.responsibilities.argmax(-1)
         if labels is not None:
             print(f"  adjusted Rand index of clusters vs labels: "
@@ -194,8 +282,25 @@ def main(argv=None) -> int:
                       classifier_log_prior=clf.log_prior_.numpy(),
                       classifier_accuracy=acc_dm, naive_bayes_accuracy=acc_nb)
     if args.out:
-        np.savez(args.out, **params)
-        print(f"saved parameters to {args.out}")
+        from .fit_outputs import output_prefix, save_mixture
+        prefix = output_prefix(args.out)
+        if mixture is None:
+            paths = [prefix + ".npz"]
+            np.savez(paths[0], feature_names=np.asarray(feature_names), **params)
+        else:
+            extra = {key: v for key, v in params.items() if key.startswith("classifier")
+                     or key == "naive_bayes_accuracy"}
+            paths = save_mixture(prefix, mixture, sample_names, feature_names, selection,
+                                 extra)
+            if args.plot:
+                from .plots import plot_component_heatmap, plot_criteria
+                if selection is not None:
+                    paths.append(plot_criteria(selection, prefix + "_criteria.png"))
+                paths.append(plot_component_heatmap(mixture, feature_names,
+                                                    prefix + "_heatmap.png"))
+        print("saved: " + ", ".join(paths))
+    else:
+        print("results not saved (--out FILE.npz or --out DIR saves them)")
     print(f"total {time.perf_counter() - t_start:.2f} s")
     return 0
 

@@ -6,9 +6,14 @@ Formats, chosen by file name suffix:
 * ``.npz``: a scipy.sparse matrix saved with ``scipy.sparse.save_npz``, or
   dense arrays saved with ``numpy.savez``: the one array in the file, or the
   one named ``key`` (default: ``counts`` if present).
-* ``.csv``/``.tsv``/``.txt`` (optionally ``.gz``): numeric, comma- (csv),
-  tab- (tsv) or whitespace- (txt) separated; a first line that is not
-  numeric is taken as a header and skipped.
+* ``.csv``/``.tsv``/``.txt`` (optionally ``.gz``): comma- (csv), tab- (tsv)
+  or whitespace- (txt) separated. A first line that is not numeric is a
+  header (column names), a first column that is not numeric holds row names
+  (``index_col`` forces either way). Microbiome tables come as taxa x
+  samples: a header whose first cell names the taxa (``Taxon``, ``OTU``,
+  ``#OTU ID``, ``ASV``, ``feature``, ...) marks that layout and the table
+  is transposed to samples x taxa (``samples_in_columns`` forces either
+  way). :func:`load_count_table` returns the names with the counts.
 * ``.mtx`` (optionally ``.gz``): Matrix Market, read with ``scipy.io.mmread``.
 * ``.h5ad``: AnnData, read with h5py (:mod:`dirmult_ext.h5ad`): ``X``, or the
   matrix named ``key`` (``raw/X``, ``layers/NAME``), rows = cells.
@@ -24,13 +29,14 @@ from __future__ import annotations
 
 import gzip
 import os
-from typing import Optional, Tuple
+import csv
+from typing import List, NamedTuple, Optional, Tuple
 
 import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["load_counts", "load_labels", "is_sparse_file"]
+__all__ = ["load_counts", "load_count_table", "CountTable", "load_labels", "is_sparse_file"]
 
 _EXACT_FLOAT32 = 2 ** 24
 
@@ -47,28 +53,81 @@ def _open_text(path: str):
     return gzip.open(path, "rt") if path.lower().endswith(".gz") else open(path, "r")
 
 
-def _read_delimited(path: str, delimiter: Optional[str]) -> np.ndarray:
+# First header cells that name the rows of a taxa x samples table.
+_TAXA_CORNERS = {"taxon", "taxa", "otu", "otuid", "otu_id", "otu id", "#otu id", "#otuid",
+                 "asv", "asv_id", "feature", "featureid", "feature_id", "feature id",
+                 "species", "genus", "family", "taxonomy", "clade", "clade_name", "gene",
+                 "genes", "tax", "lineage"}
+
+
+class _Table(NamedTuple):
+    values: np.ndarray
+    row_names: Optional[List[str]]
+    col_names: Optional[List[str]]
+    corner: Optional[str]
+
+
+def _is_number(t: str) -> bool:
+    try:
+        float(t)
+        return True
+    except ValueError:
+        return False
+
+
+def _read_delimited(path: str, delimiter: Optional[str],
+                    index_col: Optional[bool] = None) -> _Table:
     with _open_text(path) as f:
-        lines = [ln for ln in f if ln.strip() and not ln.lstrip().startswith("#")]
+        lines = []
+        for i, ln in enumerate(f, 1):
+            s = ln.strip()
+            # "#OTU ID" heads QIIME's tables; other "#" lines are comments
+            if s and (not s.startswith("#") or s.lower().replace(" ", "").startswith("#otuid")):
+                lines.append((i, ln.rstrip("\r\n")))
     if not lines:
         raise ValueError(f"{path}: no data rows")
-
-    def numeric(line: str) -> bool:
-        try:
-            [float(t) for t in (line.split(delimiter) if delimiter else line.split())]
-            return True
-        except ValueError:
-            return False
-
-    if not numeric(lines[0]):
-        lines = lines[1:]                     # header
-        if not lines:
+    if delimiter is None:
+        rows = [(i, ln.split()) for i, ln in lines]
+    else:
+        rows = [(i, r) for (i, _), r in zip(lines, csv.reader([ln for _, ln in lines],
+                                                              delimiter=delimiter))]
+    header = None
+    if not all(_is_number(t) for t in rows[0][1]):
+        header = [t.strip() for t in rows[0][1]]
+        rows = rows[1:]
+        if not rows:
             raise ValueError(f"{path}: only a header, no data rows")
-    try:
-        arr = np.loadtxt(lines, delimiter=delimiter, dtype=np.float64, ndmin=2)
-    except ValueError as e:
-        raise ValueError(f"{path}: not a numeric table ({e})") from None
-    return arr
+    if index_col is None:
+        index_col = any(not _is_number(r[0]) for _, r in rows if r)
+    names = [r[0].strip() for _, r in rows] if index_col else None
+    width = None
+    data = []
+    for i, r in rows:
+        cells = r[1:] if index_col else r
+        if width is None:
+            width = len(cells)
+        if len(cells) != width:
+            raise ValueError(f"{path}: line {i} has {len(cells)} values, the first data "
+                             f"line {width}")
+        try:
+            data.append([float(t) for t in cells])
+        except ValueError:
+            j = next(j for j, t in enumerate(cells) if not _is_number(t))
+            col = j + 1 + (1 if index_col else 0)
+            raise ValueError(f"{path}: not a numeric table: {cells[j]!r} at line {i}, "
+                             f"column {col}") from None
+    corner = None
+    cols = None
+    if header is not None:
+        if index_col and len(header) == width + 1:
+            corner, cols = header[0], header[1:]
+        elif len(header) == width:
+            cols = header
+        else:
+            raise ValueError(f"{path}: the header has {len(header)} names for {width} "
+                             "columns of values")
+    return _Table(np.asarray(data, dtype=np.float64).reshape(len(data), width or 0),
+                  names, cols, corner)
 
 
 def _read_npz(path: str, key: Optional[str]) -> np.ndarray:
@@ -89,6 +148,10 @@ def _read_npz(path: str, key: Optional[str]) -> np.ndarray:
         return z[key]
 
 
+_TEXT = {".csv": ",", ".csv.gz": ",", ".tsv": "\t", ".tsv.gz": "\t", ".txt": None,
+         ".txt.gz": None}
+
+
 def _read_any(path: str, key: Optional[str]) -> np.ndarray:
     suf = _suffix(path)
     try:
@@ -96,12 +159,8 @@ def _read_any(path: str, key: Optional[str]) -> np.ndarray:
             return np.load(path, allow_pickle=False)
         if suf == ".npz":
             return _read_npz(path, key)
-        if suf in (".csv", ".csv.gz"):
-            return _read_delimited(path, ",")
-        if suf in (".tsv", ".tsv.gz"):
-            return _read_delimited(path, "\t")
-        if suf in (".txt", ".txt.gz"):
-            return _read_delimited(path, None)
+        if suf in _TEXT:
+            return _read_delimited(path, _TEXT[suf]).values
         if suf in (".mtx", ".mtx.gz"):
             import scipy.io
             m = scipy.io.mmread(path)
@@ -170,9 +229,8 @@ def _read_sparse(path: str, key: Optional[str]):
     return scipy.sparse.csr_matrix(m)
 
 
-def _load_sparse(path: str, dtype: torch.dtype, key: Optional[str], require_integer: bool):
+def _load_sparse(path: str, dtype: torch.dtype, require_integer: bool, m):
     from .sparse import SparseCounts
-    m = _read_sparse(path, key)
     m.sum_duplicates()
     if m.shape[0] == 0 or m.shape[1] == 0:
         raise ValueError(f"{path}: empty matrix of shape {m.shape}")
@@ -195,8 +253,18 @@ def _load_sparse(path: str, dtype: torch.dtype, key: Optional[str], require_inte
     return SparseCounts.from_scipy(m)
 
 
+class CountTable(NamedTuple):
+    """Counts with their names (:func:`load_count_table`)."""
+    counts: object                  #: (B, V) tensor or SparseCounts, rows = samples
+    sample_names: List[str]         #: B names (the file's, else "1", "2", ...)
+    feature_names: List[str]        #: V names (the file's, else "1", "2", ...)
+    transposed: bool                #: whether the file held samples in columns
+
+
 def load_counts(path, *, dtype: torch.dtype = torch.float32, key: Optional[str] = None,
-                require_integer: bool = False, sparse: Optional[bool] = None):
+                require_integer: bool = False, sparse: Optional[bool] = None,
+                samples_in_columns: Optional[bool] = None,
+                index_col: Optional[bool] = None):
     """Read a count matrix.
 
     Args:
@@ -209,9 +277,14 @@ def load_counts(path, *, dtype: torch.dtype = torch.float32, key: Optional[str] 
             ``dtype``; dense formats are read dense and converted);
             ``False``: a dense tensor (sparse files densified); ``None``
             (default): sparse for sparse files (:func:`is_sparse_file`).
+        samples_in_columns: the file holds one sample per column (taxa x
+            samples) and is transposed; ``None`` (default): detected from a
+            text file's header (module docstring), else False.
+        index_col: a text file's first column holds row names; ``None``
+            (default): when it is not numeric.
 
     Returns:
-        ``(B, V)`` dense tensor of ``dtype``, or SparseCounts.
+        ``(B, V)`` dense tensor of ``dtype``, or SparseCounts (rows = samples).
 
     Raises:
         FileNotFoundError: no such file.
@@ -219,9 +292,25 @@ def load_counts(path, *, dtype: torch.dtype = torch.float32, key: Optional[str] 
             non-finite values (naming the first bad entry), or float32
             requested for counts above 2^24 (not exact in float32).
     """
+    return load_count_table(path, dtype=dtype, key=key, require_integer=require_integer,
+                            sparse=sparse, samples_in_columns=samples_in_columns,
+                            index_col=index_col).counts
+
+
+def load_count_table(path, *, dtype: torch.dtype = torch.float32, key: Optional[str] = None,
+                     require_integer: bool = False, sparse: Optional[bool] = None,
+                     samples_in_columns: Optional[bool] = None,
+                     index_col: Optional[bool] = None) -> CountTable:
+    """:func:`load_counts` with the names: a :class:`CountTable` of the
+    counts (rows = samples), the sample and feature names (from a text
+    file's header and name column, else "1", "2", ...) and whether the file
+    was transposed."""
     path = os.fspath(path)
     if dtype not in (torch.float32, torch.float64):
         raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
+    for name, v in (("samples_in_columns", samples_in_columns), ("index_col", index_col)):
+        if v is not None and not isinstance(v, bool):
+            raise ValueError(f"{name} must be True, False or None, got {v!r}")
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path}: no such file")
     if sparse is None:
@@ -230,9 +319,49 @@ def load_counts(path, *, dtype: torch.dtype = torch.float32, key: Optional[str] 
             sparse = is_sparse(path, key)
         else:
             sparse = key is None and is_sparse_file(path)
+    row_names = col_names = None
+    suf = _suffix(path)
+    if suf in _TEXT:
+        try:
+            t = _read_delimited(path, _TEXT[suf], index_col)
+        except (OSError, EOFError) as e:
+            raise ValueError(f"{path}: cannot read ({e})") from None
+        arr, row_names, col_names = t.values, t.row_names, t.col_names
+        if samples_in_columns is None:
+            corner = (t.corner or "").strip().strip('"').lower()
+            samples_in_columns = corner in _TAXA_CORNERS
+        if arr.size == 0:
+            raise ValueError(f"{path}: empty matrix of shape {arr.shape}")
+        if sparse:
+            import scipy.sparse
+            arr = scipy.sparse.csr_matrix(arr)
+    elif sparse:
+        arr = _read_sparse(path, key)
+    else:
+        arr = np.asarray(_read_any(path, key))
+    if suf == ".h5ad":
+        from .h5ad import read_names
+        row_names, col_names = read_names(path)
+    transposed = bool(samples_in_columns)
+    if transposed:
+        if arr.ndim != 2:
+            raise ValueError(f"{path}: expected a 2-D (rows, categories) matrix, got "
+                             f"{arr.ndim}-D shape {arr.shape}")
+        arr = arr.T
+        row_names, col_names = col_names, row_names
     if sparse:
-        return _load_sparse(path, dtype, key, require_integer)
-    arr = np.asarray(_read_any(path, key))
+        import scipy.sparse
+        counts = _load_sparse(path, dtype, require_integer, scipy.sparse.csr_matrix(arr))
+    else:
+        counts = _checked_dense(arr, path, dtype, require_integer)
+    B, V = counts.shape
+    return CountTable(counts, list(row_names) if row_names else [str(i + 1) for i in range(B)],
+                      list(col_names) if col_names else [str(i + 1) for i in range(V)],
+                      transposed)
+
+
+def _checked_dense(arr: np.ndarray, path: str, dtype: torch.dtype,
+                   require_integer: bool) -> Tensor:
     if arr.dtype == object or not (np.issubdtype(arr.dtype, np.number)
                                    or arr.dtype == np.bool_):
         raise ValueError(f"{path}: expected numeric counts, got dtype {arr.dtype}")

@@ -15,11 +15,13 @@ n_b ~ DM(alpha_k). EM on
   components together; the E-step and the statistics of that step share one
   pass over the rows (see ``_em_run``).
 
-Restarts: ``n_init`` runs from k-means++ seeds on the row proportions
-(or random responsibilities), the best final log-likelihood wins.
+Restarts (Note [Mixture restarts]): ``n_screen`` short runs from k-means++
+seeds on the row proportions (or random responsibilities), the best
+``n_init`` of them run to convergence, the best final objective wins.
 
-Information criteria, with p = K V + (K - 1) free parameters and B rows:
-BIC = -2 log L + p log B, AIC = -2 log L + 2 p.
+Optionally (``prior=``) the MAP estimate under ``dmn``'s Gamma prior on the
+concentrations. Criteria (Laplace, BIC, AIC) are ``dmn``'s, on half the usual
+scale: formulas in :mod:`dirmult_ext.criteria`.
 """
 from __future__ import annotations
 
@@ -27,13 +29,15 @@ import itertools
 import math
 import sys
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import Iterable, List, Optional, Union
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from .api import log_lik_components
+from .criteria import (GammaPrior, ModelSelection, add_prior, criteria, hessian_parts,
+                       log_det_hessian, resolve_prior)
 from .fit import (_HALVINGS, MAX_ALPHA, _Rows, _as_counts, _check_common,
                   _default_progress, _fixed_point_step, _moment_init, _newton_step,
                   _optimize, _prepass, _resolve_device, _stats)
@@ -97,13 +101,19 @@ class DMMixture:
         weights: ``(K,)`` mixing proportions pi.
         log_alpha: ``(K, V)`` component log-concentrations.
         log_lik: total log-likelihood of the training rows (normalized pmf).
-        bic, aic: information criteria (module docstring).
+        laplace, bic, aic: ``dmn``'s criteria (lower is better; formulas in
+            :mod:`dirmult_ext.criteria`): NLE + 1/2 log det H - p/2 log(2 pi),
+            NLE + p/2 log B, NLE + p, with NLE = -(log_lik + log_prior) and
+            p = K V + K - 1.
+        log_prior: the log prior density of ``log_alpha`` (0 without a prior).
+        prior: the :class:`~dirmult_ext.criteria.GammaPrior` fitted under, or None.
         n_iter: EM iterations of the best restart.
         converged: whether that restart met ``tol``.
         responsibilities: ``(B, K)`` posterior component probabilities of the
             training rows.
-        log_lik_trace: log-likelihood after each E-step of the best restart.
-        restart_log_liks: the final log-likelihood of every restart.
+        log_lik_trace: the objective after each E-step of the best restart
+            (the log-likelihood; with a prior, plus ``log_prior``).
+        restart_log_liks: the final objective of every restart.
     """
     weights: Tensor
     log_alpha: Tensor
@@ -115,6 +125,20 @@ class DMMixture:
     responsibilities: Tensor = field(repr=False)
     log_lik_trace: List[float] = field(default_factory=list, repr=False)
     restart_log_liks: List[float] = field(default_factory=list)
+    laplace: float = float("nan")
+    log_prior: float = 0.0
+    prior: Optional[GammaPrior] = None
+    hessian_diag: Optional[Tensor] = field(default=None, repr=False)
+    hessian_rank_one: Optional[Tensor] = field(default=None, repr=False)
+
+    def hessian_blocks(self) -> Tensor:
+        """``(K, V, V)`` float64: block k is the Hessian of component k's
+        negative weighted log posterior in log alpha_k (responsibilities
+        fixed), diag(h_k) + c_k alpha_k alpha_k^T, the blocks of dmn's
+        Laplace term (:mod:`dirmult_ext.criteria`)."""
+        a = self.alpha
+        return (torch.diag_embed(self.hessian_diag)
+                + self.hessian_rank_one[:, None, None] * a[:, :, None] * a[:, None, :])
 
     @property
     def alpha(self) -> Tensor:
@@ -221,14 +245,18 @@ def _log_pi(R: Tensor) -> Tensor:
 
 
 def _em_run(rows: _Rows, R: Tensor, *, max_iter: int, tol: float, m_steps: int,
-            min_alpha: float, bar=None, run: int = 0):
+            min_alpha: float, bar=None, run: int = 0, prior: Optional[GammaPrior] = None):
     """EM from initial responsibilities R (B, K). Each iteration is one pass
     over the rows: component log-likelihoods with their gradient (the fused
     op), responsibilities from them, and the M-step statistics under the new
     responsibilities; then pi exactly and one Newton step (Minka fixed point
     where the Hessian is not negative definite) per component. A step that
     lowers Q_k (checked in the next pass) is halved, then replaced by the
-    fixed-point step, so the likelihood never decreases (generalized EM)."""
+    fixed-point step, so the likelihood never decreases (generalized EM).
+    With a prior the objective is the log posterior and the steps are those
+    of the penalized statistics (``criteria.add_prior``).
+    Returns (eta, log_pi, R, trace, n_iter, converged, log_lik, S) with S
+    the statistics of the last pass (at eta, weighted by R)."""
     lo, hi = math.log(min_alpha), math.log(MAX_ALPHA)
     rows.set_weights(R)
     pre = _prepass(rows, check=False)
@@ -244,6 +272,11 @@ def _em_run(rows: _Rows, R: Tensor, *, max_iter: int, tol: float, m_steps: int,
     while it < max_iter:
         est = _EStep(log_pi, rows.B)
         S = _stats(rows, eta, None, True, reweight=est.__call__)
+        lp = 0.0
+        if prior is not None:
+            add_prior(S, eta, prior)
+            est.q_old += prior.log_density(eta)
+            lp = float(prior.log_density(eta).sum())
         if S_prev is not None and retries < _HALVINGS + 1:
             bad = est.q_old < S_prev.L - 1e-12 * S_prev.L.abs() - 1e-12
             bad &= use_newton
@@ -256,7 +289,8 @@ def _em_run(rows: _Rows, R: Tensor, *, max_iter: int, tol: float, m_steps: int,
                 continue
         it += 1
         retries = 0
-        ll = float(est.total) + c_sum
+        log_lik = float(est.total) + c_sum
+        ll = log_lik + lp
         trace.append(ll)
         if bar is not None:
             bar.update(1)
@@ -275,20 +309,29 @@ def _em_run(rows: _Rows, R: Tensor, *, max_iter: int, tol: float, m_steps: int,
         t = torch.ones(K, dtype=torch.float64, device=eta.device)
         eta_prev, S_prev = eta, S
         eta = (eta + torch.where(use_newton.unsqueeze(-1), nt, fp)).clamp(lo, hi)
-    return eta, log_pi, est.R, trace, it, converged
+    return eta, log_pi, est.R, trace, it, converged, log_lik, S
 
 
-def fit_mixture(counts, k: int, *, n_init: int = 3, max_iter: int = 200,
-                tol: float = 1e-6, seed: Optional[int] = None,
+def fit_mixture(counts, k: Union[int, Iterable[int]], *, n_init: int = 3,
+                max_iter: int = 200, tol: float = 1e-6, seed: Optional[int] = None,
                 progress: Optional[bool] = None, device=None, init: str = "kmeans++",
                 m_steps: int = 2, batch_size: Optional[int] = None,
-                min_alpha: float = 1e-6) -> DMMixture:
+                min_alpha: float = 1e-6, prior=None, n_screen: int = 20,
+                screen_iter: int = 10) -> Union[DMMixture, ModelSelection]:
     """Fit a K-component Dirichlet-multinomial mixture by EM.
 
     Args:
         counts: ``(B, V)`` non-negative counts (tensor or numpy array).
-        k: number of components (>= 1).
-        n_init: restarts; the one with the highest log-likelihood is returned.
+        k: number of components (>= 1), or several (``range(1, 8)``): each
+            is fitted (with the same ``seed``) and a
+            :class:`~dirmult_ext.criteria.ModelSelection` is returned, with
+            the fits, the table of log-likelihood, Laplace, BIC and AIC, and
+            the k the Laplace criterion picks (as ``dmn`` users choose).
+        n_init: full EM runs; the one with the highest objective is returned.
+        n_screen, screen_iter: the runs start from the best ``n_init`` of
+            ``n_screen`` short runs (``screen_iter`` EM iterations each, from
+            their own seeds); ``n_screen <= n_init``: ``n_init`` runs from
+            fresh seeds. See Note [Mixture restarts].
         max_iter: EM iterations per restart.
         tol: stop when the log-likelihood changes by at most
             ``tol * |log L|`` between E-steps.
@@ -303,15 +346,45 @@ def fit_mixture(counts, k: int, *, n_init: int = 3, max_iter: int = 200,
         batch_size: stream the rows in batches (see :func:`dirmult_ext.fit.fit`).
         min_alpha: lower bound for the concentrations; keeps a component
             from assigning probability ~0 to counts it has not seen yet.
+        prior: ``None`` (default): maximum likelihood. ``"dmn"``: the MAP
+            estimate under ``DirichletMultinomial::dmn``'s Gamma(0.1, 0.1)
+            prior on each alpha, in log alpha; or a ``(shape, rate)`` pair.
+            The prior enters the criteria through NLE and the Hessian
+            (:mod:`dirmult_ext.criteria`); with ``"dmn"`` they are dmn's.
 
     Returns:
-        :class:`DMMixture` (float64, CPU).
+        :class:`DMMixture` (float64, CPU; components by decreasing weight),
+        or a ModelSelection for several k.
     """
+    if not isinstance(k, (int, np.integer)) and not isinstance(k, bool):
+        try:
+            ks = [int(x) for x in k]
+        except TypeError:
+            raise ValueError(f"k must be a positive integer or an iterable of them, "
+                             f"got {k!r}") from None
+        if not ks or len(set(ks)) != len(ks):
+            raise ValueError(f"k must hold distinct positive integers, got {k!r}")
+        kw = dict(n_screen=n_screen, screen_iter=screen_iter, n_init=n_init, max_iter=max_iter, tol=tol, seed=seed, progress=progress,
+                  device=device, init=init, m_steps=m_steps, batch_size=batch_size,
+                  min_alpha=min_alpha, prior=prior)
+        counts = _as_counts(counts)
+        if max(ks) > counts.shape[0]:
+            raise ValueError(f"k={max(ks)} components need at least {max(ks)} rows, "
+                             f"got {counts.shape[0]}")
+        return ModelSelection(fits=[fit_mixture(counts, kk, **kw) for kk in ks], ks=ks)
+    if isinstance(k, bool) or k < 1:
+        raise ValueError(f"k must be a positive integer, got {k!r}")
+    k = int(k)
+    prior = resolve_prior(prior)
     counts = _as_counts(counts)
-    if not isinstance(k, int) or k < 1:
+    if k < 1:
         raise ValueError(f"k must be a positive integer, got {k!r}")
     if not isinstance(n_init, int) or n_init < 1:
         raise ValueError(f"n_init must be a positive integer, got {n_init!r}")
+    if not isinstance(n_screen, int) or n_screen < 0:
+        raise ValueError(f"n_screen must be a non-negative integer, got {n_screen!r}")
+    if not isinstance(screen_iter, int) or screen_iter < 1:
+        raise ValueError(f"screen_iter must be a positive integer, got {screen_iter!r}")
     if init not in ("kmeans++", "random"):
         raise ValueError(f"init must be 'kmeans++' or 'random', got {init!r}")
     if not isinstance(m_steps, int) or m_steps < 1:
@@ -333,22 +406,43 @@ def fit_mixture(counts, k: int, *, n_init: int = 3, max_iter: int = 200,
     best = None
     finals = []
     try:
+        starts = []
+        if n_screen > n_init and k > 1:
+            # short runs from many seeds; the best n_init go on to convergence
+            screened = []
+            for _ in range(n_screen):
+                R0 = (_kmeanspp(rows, k, gen) if init == "kmeans++"
+                      else _random_resp(B, k, gen, dev))
+                out = _em_run(rows, R0, max_iter=screen_iter, tol=tol, m_steps=m_steps,
+                              min_alpha=min_alpha, prior=prior)
+                screened.append((out[3][-1], out[2]))
+            screened.sort(key=lambda t: -t[0])
+            starts = [R0 for _, R0 in screened[:n_init]]
         for run in range(n_init):
-            R = _kmeanspp(rows, k, gen) if init == "kmeans++" else _random_resp(B, k, gen, dev)
-            eta, log_pi, R, trace, it, converged = _em_run(
+            R = starts[run] if starts else (
+                _kmeanspp(rows, k, gen) if init == "kmeans++" else _random_resp(B, k, gen, dev))
+            eta, log_pi, R, trace, it, converged, ll, S = _em_run(
                 rows, R, max_iter=max_iter, tol=tol, m_steps=m_steps, min_alpha=min_alpha,
-                bar=bar, run=run)
+                bar=bar, run=run, prior=prior)
             finals.append(trace[-1])
             if best is None or trace[-1] > best[0]:
-                best = (trace[-1], eta, log_pi, R, it, converged, trace)
+                best = (trace[-1], eta, log_pi, R, it, converged, trace, ll, S)
     finally:
         if bar is not None:
             bar.close()
-    ll, eta, log_pi, R, n_iter, converged, trace = best
-    p = k * V + (k - 1)
-    n_rows = B
-    return DMMixture(weights=log_pi.exp().cpu(), log_alpha=eta.detach().cpu(), log_lik=ll,
-                     bic=-2 * ll + p * math.log(max(n_rows, 1)), aic=-2 * ll + 2 * p,
+    _, eta, log_pi, R, n_iter, converged, trace, ll, S = best
+    eta = eta.detach()
+    lp = 0.0 if prior is None else float(prior.log_density(eta).sum())
+    h, c = hessian_parts(S, eta)
+    # components by decreasing weight (dmn's weight term leaves out the first)
+    order = torch.argsort(-log_pi, stable=True)
+    eta, log_pi, R, h, c = eta[order], log_pi[order], R[:, order], h[order], c[order]
+    log_det = log_det_hessian(h, c, eta, R.sum(0), B)
+    crit = criteria(ll, lp, log_det, k, V, B)
+    return DMMixture(weights=log_pi.exp().cpu(), log_alpha=eta.cpu(), log_lik=ll,
+                     bic=crit["bic"], aic=crit["aic"], laplace=crit["laplace"],
+                     log_prior=lp, prior=prior, hessian_diag=h.cpu(),
+                     hessian_rank_one=c.cpu(),
                      n_iter=n_iter, converged=converged, responsibilities=R.cpu(),
                      log_lik_trace=trace, restart_log_liks=finals)
 
