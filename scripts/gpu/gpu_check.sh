@@ -9,7 +9,7 @@
 #   compute-sanitizer (memcheck and racecheck) on every kernel, the 2-GPU fit
 #   when two GPUs are present, the benchmark, and Nsight Compute on the hot
 #   kernels. Logs go to $OUT (default ./gpu_out).
-# Stages can be picked: scripts/gpu/gpu_check.sh [wheel] [sass] [check] [probe] [test] [sanitize] [multigpu] [bench] [profile]
+# Stages can be picked: scripts/gpu/gpu_check.sh [wheel] [sass] [check] [probe] [test] [sanitize] [multigpu] [bench] [profile] [profile_csr]
 # (every stage but wheel needs a wheel installed by an earlier wheel stage).
 # Environment:
 #   DIRMULT_SASS_BASELINE=F  sass stage: F, a _C_cuda.so of an earlier build, against
@@ -17,6 +17,7 @@
 #                            function by function (scripts/gpu/compare_sass.py)
 #   DIRMULT_GPU_WHEELS=DIR   extra wheels (e.g. pyro-ppl) installed beside the package
 #   DIRMULT_BENCH_TIMINGS    bench stage's timings (default: "queued synced graph")
+#   DIRMULT_GPU_TESTS        test stage's test paths, relative to the repo (default: tests)
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
@@ -25,7 +26,7 @@ WORK=${DIRMULT_GPU_WORK:-/tmp/dirmult_gpu}
 SITE=$WORK/site
 PY=python3
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-stages=${*:-wheel sass check probe test sanitize multigpu bench profile}
+stages=${*:-wheel sass check probe test sanitize multigpu bench profile profile_csr}
 status=0
 summary=()
 run_stage() {  # log (file name under $OUT, appended to), label, command...
@@ -97,7 +98,8 @@ has probe && run_stage check "op error probe" "$PY" "$REPO/scripts/gpu/probe_op_
 # pytest-xdist, where the machine has it, runs the suite on 12 workers.
 parallel=$("$PY" -c 'import xdist' 2>/dev/null && echo "-n 12")
 # shellcheck disable=SC2086
-has test && run_stage test test "$PY" -m pytest "$REPO/tests" -q -p no:cacheprovider -rfE \
+read -r -a test_paths <<< "${DIRMULT_GPU_TESTS:-tests}"
+has test && run_stage test test "$PY" -m pytest "${test_paths[@]/#/$REPO/}" -q -p no:cacheprovider -rfE \
   --rootdir "$REPO" $parallel
 if has sanitize; then
   export PYTORCH_NO_CUDA_MEMORY_CACHING=1  # so memcheck sees each allocation's bounds
@@ -140,6 +142,13 @@ if has profile && command -v ncu >/dev/null; then
     --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
     --section LaunchStats --section WarpStateStats --section SchedulerStats \
     "$PY" "$REPO/scripts/gpu/profile_kernels.py"
+fi
+# The CSR kernels at the large sparse shapes: what bounds them.
+if has profile_csr && command -v ncu >/dev/null; then
+  run_stage profile_csr "ncu, CSR" timeout 300 ncu --clock-control none -k "regex:csr_" \
+    --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
+    --section LaunchStats --section WarpStateStats --section SchedulerStats \
+    "$PY" "$REPO/scripts/gpu/profile_csr_kernels.py"
 fi
 echo "=== summary"
 printf '%s\n' "${summary[@]}" | tee -a "$OUT/summary.txt"
