@@ -1,4 +1,4 @@
-"""The CSR kernels once each at the benchmark's csr_tall and csr_huge shapes,
+"""The CSR kernels once each at the benchmark's three CSR shapes,
 for Nsight Compute (scripts/gpu/gpu_check.sh's profile_csr stage): the
 forward (alpha preparation, then the row kernel) and the forward+backward
 (row weights, the column gradient over the column-sorted copy), and the
@@ -12,7 +12,7 @@ from dirmult_ext.bench.sparse_cases import SPARSE_SHAPES, make_csr
 dev = torch.device("cuda")
 g = torch.Generator(device=dev).manual_seed(1)
 shapes = {s.name: s for s in SPARSE_SHAPES["cuda"]}
-for name in ("csr_tall", "csr_huge"):
+for name in ("csr_square", "csr_tall", "csr_huge"):
     shape = shapes[name]
     sc = make_csr(shape, g, dev)
     la = make_log_alpha((shape.V,), g, dev).requires_grad_()
