@@ -1069,6 +1069,7 @@ class DirichletMultinomialRegression(nn.Module):
             if self.bias is not None:
                 self.bias.zero_()
 
+    @torch.jit.export
     def log_alpha(self, x: Tensor) -> Tensor:
         """``(B, V)`` log concentrations."""
         out = x @ self.weight
@@ -1076,6 +1077,7 @@ class DirichletMultinomialRegression(nn.Module):
             out = out + self.bias
         return out
 
+    @torch.jit.export
     def predict(self, x: Tensor) -> Tensor:
         """``(B, V)`` expected proportions alpha / sum(alpha)."""
         return torch.softmax(self.log_alpha(x), -1)
