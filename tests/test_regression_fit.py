@@ -15,22 +15,9 @@ import torch.multiprocessing as mp
 
 import dirmult_ext
 import dirmult_ext.regression as reg
-from dirmult_ext import DirichletMultinomial, DirichletMultinomialRegression, fit_regression
+from dirmult_ext import DirichletMultinomialRegression, fit_regression
 
-
-def simulate(B, W, b, *, x_mean=0.0, generator=None, n_lo=20, n_hi=120):
-    """Covariates N(x_mean, 1); counts DM(N_b, exp(X W + b)), N_b uniform in
-    [n_lo, n_hi). Rows are never all zero."""
-    P, V = W.shape
-    X = torch.randn(B, P, dtype=torch.float64, generator=generator) + x_mean
-    N = torch.randint(n_lo, n_hi, (B,), generator=generator)
-    if generator is not None:
-        state = torch.get_rng_state()
-        torch.manual_seed(int(torch.randint(0, 2 ** 31, (1,), generator=generator)))
-    counts = DirichletMultinomial(N, (X @ W + b).exp()).sample()
-    if generator is not None:
-        torch.set_rng_state(state)
-    return counts.to(torch.float32), X
+from reference import regression_counts as simulate
 
 
 def random_problem(B=300, P=2, V=4, scale=0.5):

@@ -32,10 +32,16 @@ Optimizers:
   outer step (evaluations at the same point are cached, so the convergence
   test costs no extra pass).
 * ``"fista"`` (the default, and the only choice, for the group lasso):
-  accelerated proximal gradient (Beck & Teboulle 2009) with backtracking on
-  the step, a monotone safeguard and gradient-based momentum restart
-  (O'Donoghue & Candes 2015). The proximal step of the group penalty is a
-  row-wise soft threshold, which sets whole rows of W exactly to zero.
+  phases of accelerated proximal gradient (FISTA, Beck & Teboulle 2009;
+  backtracking on the step, a monotone safeguard, gradient-based momentum
+  restart as O'Donoghue & Candes 2015) alternating with L-BFGS on the
+  nonzero rows of W, where the penalty is differentiable. The proximal step
+  of the group penalty is a row-wise soft threshold, which sets whole rows
+  of W exactly to zero; the L-BFGS phases converge fast where plain
+  proximal gradient crawls (the DM precision makes the problem
+  ill-conditioned). Converged when a FISTA phase meets the tolerance, or
+  when an L-BFGS phase does, keeps the same zero rows, and the whole
+  problem's optimality measure is then within ``gtol``.
 
 Convergence, with f the objective divided by the total row weight (the mean
 per row, in the standardized coordinates): |f_k - f_{k-1}| <= tol *
