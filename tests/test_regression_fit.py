@@ -186,8 +186,9 @@ def test_group_lasso_zeroes_rows():
     # just below lam_max the strongest covariate (row 1) enters first
     r = fit_regression(counts, X, penalty="group_lasso", lam=0.9 * lam_max)
     assert r.converged and bool((r.W.norm(dim=1) > 0).eq(torch.tensor([False, True, False])).all())
-    # at a moderate lam the null rows are exactly zero and the real one is not
-    lam = 3.5 * math.sqrt(400)
+    # at half of it the null rows stay exactly zero (their gradient norms are
+    # about 30 +- 16, lam about 230) and the real one is not
+    lam = 0.5 * lam_max
     r = fit_regression(counts, X, penalty="group_lasso", lam=lam)
     assert r.converged
     nz = r.W.norm(dim=1) > 0
@@ -330,8 +331,10 @@ def test_module_forward_compile_and_script():
         return loss.detach()
 
     eager, comp = copy.deepcopy(m), copy.deepcopy(m)
-    oe = torch.optim.Adam(eager.parameters(), lr=0.05)
-    oc = torch.optim.Adam(comp.parameters(), lr=0.05)
+    # (SGD: Adam's first step is about lr * sign(grad), which rounding can flip
+    # for an entry near zero)
+    oe = torch.optim.SGD(eager.parameters(), lr=0.05)
+    oc = torch.optim.SGD(comp.parameters(), lr=0.05)
     # (aot_eager: dynamo's graph and AOT autograd through the op's fake kernel and
     # registered backward, without inductor's C++ compile time)
     compiled = torch.compile(comp, fullgraph=True, backend="aot_eager")

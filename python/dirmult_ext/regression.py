@@ -256,15 +256,9 @@ def _as_covariates(X, B: Optional[int], P: Optional[int] = None, name: str = "X"
 
 
 def _as_dense_counts(counts):
+    """A (B, V) counts tensor, or SparseCounts (densified a batch at a time)."""
     from .fit import _as_counts
-    from .sparse import SparseCounts
-    if isinstance(counts, Tensor) and counts.dim() == 1:
-        raise ValueError(f"counts must be a (rows, categories) matrix, got shape "
-                         f"{tuple(counts.shape)}")
-    c = _as_counts(counts)
-    if isinstance(c, SparseCounts):
-        return c           # densified batch by batch
-    return c
+    return _as_counts(counts)
 
 
 def _names(names, n: int, what: str, default_prefix: str) -> List[str]:
@@ -689,7 +683,8 @@ def _exact_cov(data, prob, Ws, bs, has_bias, active_rows, T0, reduce):
     if int(info) != 0:
         warnings.warn("fit_regression: the observed information is not positive definite "
                       "at the estimate (collinear covariates, a category never observed, "
-                      "or not converged): standard errors not computed", RuntimeWarning,
+                      "counts without overdispersion, or not converged): standard errors "
+                      "not computed", RuntimeWarning,
                       stacklevel=3)
         return None
     Ck = torch.cholesky_inverse(L)
@@ -917,12 +912,10 @@ def fit_regression(counts, X, *, bias: bool = True, penalty: Optional[str] = Non
     w = _as_weights(weights, B, "cpu" if batch_size is not None else dev)
     covariate_names = _names(covariate_names, P, "covariate_names", "x")
     category_names = _names(category_names, V, "category_names", "v")
-    if group is not None:   # the shapes must agree across ranks
-        vv = reduce(torch.tensor([V, -V, P, -P], dtype=torch.float64, device=dev))
-        # (sums of equal values are world_size times the value)
-        chk = reduce(torch.ones(1, dtype=torch.float64, device=dev))
-        world = float(chk[0])
-        if float(vv[0]) != V * world or float(vv[2]) != P * world:
+    if group is not None:   # the shapes must agree across ranks (every rank raises)
+        vv = torch.tensor([V, -V, P, -P], dtype=torch.int64, device=dev)
+        dist.all_reduce(vv, op=dist.ReduceOp.MAX, group=g)
+        if int(vv[0]) != V or -int(vv[1]) != V or int(vv[2]) != P or -int(vv[3]) != P:
             raise ValueError("every rank must pass counts with the same number of "
                              "categories and X with the same number of covariates")
     elif B == 0:
