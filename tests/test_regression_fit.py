@@ -395,6 +395,8 @@ def test_bad_input_errors_name_the_argument():
     bad[0, 0] = -1
     with pytest.raises(ValueError, match="counts must be finite and non-negative"):
         fit_regression(bad, X)
+    with pytest.raises(ValueError, match="nothing to fit"):
+        fit_regression(torch.zeros(50, 3), X, bias=False)
     with pytest.raises(ValueError, match="counts must be a"):
         fit_regression(counts[0], X)
     Xc = X.clone()

@@ -321,7 +321,7 @@ def _prepass(data: _Data, reduce: Reducer):
     """Counts checked; totals: row count, weight, the normalizing constant,
     covariate sums and squares."""
     dev, P = data.device, data.P
-    acc = torch.zeros(4 + 2 * P, dtype=torch.float64, device=dev)
+    acc = torch.zeros(5 + 2 * P, dtype=torch.float64, device=dev)
     for _, cb, xb, wb in data.batches(standardized=False):
         c = cb.to(torch.float64)
         bad = (~torch.isfinite(c)).sum() + (c < 0).sum()
@@ -331,13 +331,16 @@ def _prepass(data: _Data, reduce: Reducer):
         acc += torch.cat([torch.stack([bad.to(torch.float64),
                                        torch.tensor(float(c.shape[0]), dtype=torch.float64,
                                                     device=dev),
-                                       w.sum(), (w * const).sum()]),
+                                       w.sum(), (w * const).sum(), (w * (N > 0)).sum()]),
                           xb.sum(0), (xb * xb).sum(0)])
     acc = reduce(acc)
     if float(acc[0]) > 0:
         raise ValueError("counts must be finite and non-negative")
     n, wsum, C = float(acc[1]), float(acc[2]), float(acc[3])
-    return n, wsum, C, acc[4:4 + P], acc[4 + P:]
+    if float(acc[4]) <= 0:
+        raise ValueError("counts: no row with a positive total and a positive weight: "
+                         "nothing to fit")
+    return n, wsum, C, acc[5:5 + P], acc[5 + P:]
 
 
 def _row_terms(cb: Tensor, eta: Tensor):
@@ -828,7 +831,7 @@ def fit_regression(counts, X, *, bias: bool = True, penalty: Optional[str] = Non
     Args:
         counts: ``(B, V)`` non-negative counts (tensor, numpy array, or the
             sparse forms :func:`dirmult_ext.fit` takes, densified a batch at
-            a time). Never all-zero rows only: rows with zero total add nothing.
+            a time). Rows with zero total add nothing.
         X: ``(B, P)`` numeric, finite covariates (a ``(B,)`` vector is one
             covariate). Categorical covariates must be coded as numbers.
         bias: fit a per-category intercept (never penalized).
