@@ -195,3 +195,19 @@ def separated_mixture(B=900, V=12, K=3, seed=None):
     from dirmult_ext.distribution import DirichletMultinomial
     x = DirichletMultinomial(torch.randint(40, 100, (B,)), alpha[z]).sample().float()
     return x, z, alpha
+
+
+def regression_counts(B, W, b, *, x_mean=0.0, generator=None, n_lo=20, n_hi=120):
+    """Covariates N(x_mean, 1); counts DM(N_b, exp(X W + b)), N_b uniform in
+    [n_lo, n_hi). Rows are never all zero."""
+    P, V = W.shape
+    X = torch.randn(B, P, dtype=torch.float64, generator=generator) + x_mean
+    N = torch.randint(n_lo, n_hi, (B,), generator=generator)
+    if generator is not None:
+        state = torch.get_rng_state()
+        torch.manual_seed(int(torch.randint(0, 2 ** 31, (1,), generator=generator)))
+    from dirmult_ext import DirichletMultinomial
+    counts = DirichletMultinomial(N, (X @ W + b).exp()).sample()
+    if generator is not None:
+        torch.set_rng_state(state)
+    return counts.to(torch.float32), X

@@ -9,6 +9,7 @@ from .api import (DirichletMultinomialLogLik, log_lik, log_lik_components,
 from .distribution import DirichletMultinomial
 from .fit import DMFit, fit
 from .mixture import DMClassifier, DMMixture, fit_mixture
+from .regression import DirichletMultinomialRegression, DMRegressionFit, fit_regression
 from .sparse import SparseCounts
 from . import datasets, io
 
@@ -39,4 +40,4 @@ def __getattr__(name):
 __all__ = ["__version__", "build_info", "log_lik", "log_lik_components",
            "DirichletMultinomialLogLik", "reference_log_lik", "DirichletMultinomial",
            "fit", "DMFit", "fit_mixture", "DMMixture", "DMClassifier", "datasets", "io",
-           "SparseCounts"]
+           "SparseCounts", "fit_regression", "DMRegressionFit", "DirichletMultinomialRegression"]

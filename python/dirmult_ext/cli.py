@@ -12,6 +12,7 @@ _COMMANDS = {
     "check": ("selfcheck", "build info; the op checked against float64 and timed (default)"),
     "bench": ("bench", "time the ops against eager PyTorch and torch.compile"),
     "fit": ("fit_cli", "fit a DM or DM mixture to a count file (default: bundled digits)"),
+    "regress": ("regress_cli", "DM regression of a count table on covariates"),
 }
 
 
