@@ -100,7 +100,7 @@ void backward_shared_few_rows(const scalar_t* grad, const count_t* counts,
     if (g != 0.0) S += N[b] == N[b] ? g * dpoch<double>(sa.total, N[b]) : kNaN;
   }
   if (!sa.finite) S = kNaN;
-  torch::stable::parallel_for(0, V, kColumnChunk / 4, [&](int64_t v0, int64_t v1) {
+  torch::stable::parallel_for(0, V, parallel_grain(B, kColumnChunk / 4), [&](int64_t v0, int64_t v1) {
     int64_t v = v0;
     if constexpr (std::is_same_v<scalar_t, float>) {
       if (vector_math && vector_math_path<scalar_t>()) {
@@ -245,7 +245,7 @@ void backward_shared(const scalar_t* grad, const count_t* counts, const scalar_t
   const int64_t nblk = gradient_row_blocks(B, V);
   const int64_t rows_per = (B + nblk - 1) / nblk;
   std::vector<double> col(nblk * V, 0.0), s_part(nblk, 0.0);
-  torch::stable::parallel_for(0, nblk, 1, [&](int64_t k0, int64_t k1) {
+  torch::stable::parallel_for(0, nblk, parallel_grain(rows_per * V), [&](int64_t k0, int64_t k1) {
     for (int64_t k = k0; k < k1; ++k) {
       double* c = col.data() + k * V;
       double s = 0.0;
@@ -315,7 +315,7 @@ void backward_rows(const scalar_t* grad, const count_t* counts,
                    const scalar_t* la, bool shared, int64_t B, int64_t V,
                    bool normalize, scalar_t* grad_la, scalar_t* grad_counts) {
   const double shared_A = shared ? SharedAlpha<scalar_t>(la, V).total : 0.0;
-  torch::stable::parallel_for(0, B, 16, [&](int64_t b0, int64_t b1) {
+  torch::stable::parallel_for(0, B, parallel_grain(V, 16), [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
       double N, A;
       row_totals<scalar_t, count_t>(counts, la, shared, b, V, shared_A, N, A);

@@ -24,6 +24,7 @@
 #include "../common/csr_checks.h"
 #include "../common/csr_dispatch.h"
 #include "ops_cpu.h"
+#include "policy_cpu.h"
 #include "dirmult/math.h"
 
 namespace dirmult {
@@ -59,7 +60,7 @@ struct CsrAlpha {
     const int64_t blocks = (V + kCsrAlphaBlock - 1) / kCsrAlphaBlock;
     std::vector<double> part(blocks * K, 0.0);
     std::vector<char> part_finite(blocks * K, 1);
-    torch::stable::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
+    torch::stable::parallel_for(0, blocks, parallel_grain(kCsrAlphaBlock * K), [&](int64_t b0, int64_t b1) {
       for (int64_t b = b0; b < b1; ++b) {
         const int64_t v0 = b * kCsrAlphaBlock, v1 = std::min(V, v0 + kCsrAlphaBlock);
         for (int64_t k = 0; k < K; ++k) {
@@ -106,7 +107,7 @@ template <typename scalar_t, typename value_t, typename index_t>
 void csr_forward(const index_t* crow, const index_t* col, const value_t* val, int64_t B,
                  int64_t nnz, const CsrAlpha<scalar_t>& p, bool normalize, scalar_t* out) {
   const int64_t K = p.K, V = p.V;
-  torch::stable::parallel_for(0, B, 64, [&](int64_t b0, int64_t b1) {
+  torch::stable::parallel_for(0, B, parallel_grain(csr_row_work(nnz, B, K), 64), [&](int64_t b0, int64_t b1) {
     std::vector<double> s(K);
     for (int64_t b = b0; b < b1; ++b) {
       int64_t j0, j1;
@@ -147,7 +148,8 @@ void csr_backward(const scalar_t* grad, const index_t* crow, const value_t* val,
   const int64_t K = p.K, V = p.V;
   const int64_t blocks = (B + kCsrRowBlock - 1) / kCsrRowBlock;
   std::vector<double> part(blocks * K, 0.0);
-  torch::stable::parallel_for(0, blocks, 1, [&](int64_t k0, int64_t k1) {
+  const int64_t grain = parallel_grain(kCsrRowBlock * csr_row_work(nnz, B, K));
+  torch::stable::parallel_for(0, blocks, grain, [&](int64_t k0, int64_t k1) {
     for (int64_t blk = k0; blk < k1; ++blk) {
       for (int64_t b = blk * kCsrRowBlock; b < std::min(B, (blk + 1) * kCsrRowBlock); ++b) {
         int64_t j0, j1;
@@ -170,7 +172,8 @@ void csr_backward(const scalar_t* grad, const index_t* crow, const value_t* val,
   for (int64_t k = 0; k < K; ++k) {
     if (!p.finite[k]) S[k] = kNaN;
   }
-  torch::stable::parallel_for(0, V, 256, [&](int64_t v0, int64_t v1) {
+  torch::stable::parallel_for(0, V, parallel_grain(K * (nnz / std::max<int64_t>(V, 1) + 1), 256),
+                              [&](int64_t v0, int64_t v1) {
     std::vector<double> c(K);
     for (int64_t v = v0; v < v1; ++v) {
       std::fill(c.begin(), c.end(), 0.0);

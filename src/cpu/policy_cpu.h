@@ -40,6 +40,27 @@ bool vector_math_path() {
   return std::is_same_v<scalar_t, float> && cpu::shared_rows_avx2_available();
 }
 
+// --- Scheduling: how much work a parallel task gets at least. Unlike the
+// partitions below, the results do not depend on it.
+
+// The least work, in counts (nonzeros, columns, table entries), of a task of
+// a parallel loop; a loop with less runs on the calling thread. See Note
+// [Parallel grain].
+constexpr int64_t kMinTaskWork = int64_t{1} << 17;
+
+// The grain of a parallel loop over items of work_per_item each: at least
+// min_grain items and kMinTaskWork of work per task.
+inline int64_t parallel_grain(int64_t work_per_item, int64_t min_grain = 1) {
+  const int64_t w = std::max<int64_t>(work_per_item, 1);
+  return std::max<int64_t>(min_grain, (kMinTaskWork + w - 1) / w);
+}
+
+// A CSR row's work for parallel_grain: its nonzeros' terms and its finish
+// (the row total's lnpoch, about 16 nonzeros' worth), for each of K components.
+inline int64_t csr_row_work(int64_t nnz, int64_t B, int64_t K) {
+  return K * (nnz / std::max<int64_t>(B, 1) + 16);
+}
+
 // --- Fixed partitions (See Note [Determinism]).
 
 // Columns per block of the concentration total A's partial sums.

@@ -60,13 +60,14 @@ template <typename Part, typename Finish>
 void for_each_row(int64_t B, int64_t V, Part part, Finish finish) {
   const int64_t chunks = row_chunks(B, V);
   if (chunks == 1) {
-    torch::stable::parallel_for(0, B, 16, [&](int64_t b0, int64_t b1) {
+    torch::stable::parallel_for(0, B, parallel_grain(V, 16), [&](int64_t b0, int64_t b1) {
       for (int64_t b = b0; b < b1; ++b) finish(b, part(b, 0, V));
     });
     return;
   }
   std::vector<RowSums> sums(B * chunks);
-  torch::stable::parallel_for(0, B * chunks, 1, [&](int64_t i0, int64_t i1) {
+  const int64_t grain = parallel_grain(std::min(V, kColumnChunk));
+  torch::stable::parallel_for(0, B * chunks, grain, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t b = i / chunks, c = i % chunks;
       sums[i] = part(b, c * kColumnChunk, std::min(V, (c + 1) * kColumnChunk));

@@ -31,7 +31,7 @@ SharedAlpha<scalar_t>::SharedAlpha(const scalar_t* la, int64_t V_)
   const int64_t blocks = (V + kAlphaSumBlock - 1) / kAlphaSumBlock;
   std::vector<double> part(blocks);
   std::vector<char> part_finite(blocks);
-  torch::stable::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
+  torch::stable::parallel_for(0, blocks, parallel_grain(kAlphaSumBlock), [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t v0 = b * kAlphaSumBlock, v1 = std::min(V, v0 + kAlphaSumBlock);
       fill_columns(v0, v1);
@@ -83,7 +83,7 @@ std::vector<scalar_t> SharedAlpha<scalar_t>::table(const TablePlan& plan, bool l
   static const std::array<scalar_t, kTableWidth> kNoLogFact{};
   const std::array<scalar_t, kTableWidth>& log_fact =
       log_poch && normalize ? small_log_factorials<scalar_t>() : kNoLogFact;
-  torch::stable::parallel_for(0, V, 64, [&](int64_t v0, int64_t v1) {
+  torch::stable::parallel_for(0, V, parallel_grain(kTableWidth, 64), [&](int64_t v0, int64_t v1) {
     int64_t v = v0;
     if constexpr (std::is_same_v<scalar_t, float>) {
       if (cpu::shared_rows_avx2_available()) v = table8(tops, log_poch, log_fact, v0, v1, t);
@@ -150,7 +150,7 @@ TablePlan plan_table(const count_t* counts, int64_t B, int64_t V, bool vector_ma
   constexpr int64_t kGrain = 4096;
   const int64_t chunks = (V + kGrain - 1) / kGrain;
   std::vector<int64_t> nonzero(chunks, 0), entries(chunks, 0);
-  torch::stable::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
+  torch::stable::parallel_for(0, chunks, parallel_grain(kGrain * B), [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c) {
       const int64_t v0 = c * kGrain, v1 = std::min(V, v0 + kGrain);
       std::vector<float> top(v1 - v0, 0.0f);
