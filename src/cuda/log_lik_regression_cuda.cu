@@ -75,7 +75,7 @@ struct Fused {
       regression_backward_kernel<scalar_t, count_t, kCols, kMaxP, kRows, kThreads>;
   static constexpr size_t kForwardSmem = sizeof(scalar_t) * kMaxP * kTile;
   static constexpr size_t kBackwardSmem =
-      sizeof(scalar_t) * (kMaxP * kTile + (kThreads / 32) * kMaxP * kRows);
+      sizeof(scalar_t) * regression_backward_smem_values<kCols, kMaxP, kRows, kThreads>();
 
   static bool aligned(const count_t* n, int64_t V) {
     return V % kCols == 0 &&

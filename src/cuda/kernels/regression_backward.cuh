@@ -2,10 +2,10 @@
 // G[b, v] = g_b (adpoch(alpha_bv, n_bv) - alpha_bv dpoch(A_b, N_b)), the
 // gradients dX = G W^T, dW = X^T G and dbias = sum_b G, G recomputed in
 // registers and never stored. Grid (row groups, column tiles) as the
-// forward's; a block's dW and dbias partials stay in registers (a thread's
-// columns) until its last row, then go to the per-group scratch that
-// regression_sum_partials_kernel sums in group order (See Note
-// [Determinism]).
+// forward's; a block's dW partials stay in shared memory (each thread's own
+// slots of its columns) and its dbias partials in registers until its last
+// row, then go to the per-group scratch that regression_sum_partials_kernel
+// sums in group order (See Note [Determinism]).
 #pragma once
 
 #include "dirmult/math.h"
@@ -16,13 +16,20 @@
 namespace dirmult {
 namespace cuda {
 
+// The dynamic shared memory of regression_backward_kernel, in values.
+template <int kCols, int kMaxP, int kRows, int kThreads>
+constexpr int regression_backward_smem_values() {
+  return (2 * kMaxP + kRows) * kThreads * kCols + (kThreads / 32) * kMaxP * kRows;
+}
+
 // totals: (B, tiles) row partials from regression_forward_kernel in
 // totals_only mode, or nullptr where the row is one tile (the block then
 // sums its rows' N and A itself, from the same loads). dX: (B, P) for one
 // tile, else dX_part (tiles, B, P). dW_part (groups, P, V), dbias_part
-// (groups, V) or nullptr (no bias). Dynamic shared memory: the W tile
-// (kMaxP x blockDim.x x kCols values), then dX's warp sums (kWarps x kMaxP x
-// kRows values).
+// (groups, V) or nullptr (no bias). Dynamic shared memory
+// (regression_backward_smem_values): the W tile and the dW partials (kMaxP
+// x tile values each), the batch's G (kRows x tile), dX's warp sums (kWarps
+// x kMaxP x kRows).
 template <typename scalar_t, typename count_t, int kCols, int kMaxP, int kRows, int kThreads>
 __global__ void __launch_bounds__(kThreads)
     regression_backward_kernel(const scalar_t* __restrict__ grad,
@@ -38,7 +45,9 @@ __global__ void __launch_bounds__(kThreads)
   extern __shared__ __align__(16) unsigned char regression_smem[];
   const int tile = kThreads * kCols;
   auto* W_s = reinterpret_cast<scalar_t*>(regression_smem);
-  scalar_t* dx_s = W_s + kMaxP * tile;  // [warp][p][r]
+  scalar_t* dW_s = W_s + kMaxP * tile;  // [p][column of the tile]
+  scalar_t* G_s = dW_s + kMaxP * tile;  // [r][column of the tile]
+  scalar_t* dx_s = G_s + kRows * tile;  // [warp][p][r]
   __shared__ scalar_t X_s[kMaxP * kRows];
   __shared__ double g_s[kRows], d_s[kRows];
   __shared__ double row_sums[kRows][kWarps][2];  // a warp's (N, A) per row
@@ -53,12 +62,15 @@ __global__ void __launch_bounds__(kThreads)
   for (int j = 0; j < kCols; ++j) {
     bias_c[j] = bias != nullptr && cols.in[j] ? bias[cols.first + j] : scalar_t(0);
   }
-  scalar_t dW_acc[kMaxP][kCols], dbias_acc[kCols];
+  // (Shared memory rather than registers: the out-of-line math calls of the
+  // rare counts would save 64 live accumulators around them.)
+  const int own = static_cast<int>(threadIdx.x) * kCols;  // the thread's slots
+  scalar_t dbias_acc[kCols];
 #pragma unroll
   for (int j = 0; j < kCols; ++j) {
     dbias_acc[j] = scalar_t(0);
 #pragma unroll
-    for (int p = 0; p < kMaxP; ++p) dW_acc[p][j] = scalar_t(0);
+    for (int p = 0; p < kMaxP; ++p) dW_s[p * tile + own + j] = scalar_t(0);
   }
   const int64_t row_begin = static_cast<int64_t>(blockIdx.x) * rows_per_group;
   const int64_t row_end = min(B, row_begin + rows_per_group);
@@ -125,8 +137,11 @@ __global__ void __launch_bounds__(kThreads)
       }
       __syncthreads();
     }
-    // G, in place of alpha. A row of incoming gradient 0 contributes 0,
-    // whatever its counts (See Note [Zero-weight rows]).
+    // G to the thread's slots of G_s. A row of incoming gradient 0
+    // contributes 0, whatever its counts (See Note [Zero-weight rows]).
+    // Counts off the exact path are marked (bit r kCols + j) and taken
+    // after the others, with no register array live across their calls.
+    unsigned later = 0;
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       const double g = g_s[r], d = d_s[r];
@@ -134,26 +149,58 @@ __global__ void __launch_bounds__(kThreads)
       for (int j = 0; j < kCols; ++j) {
         scalar_t G = scalar_t(0);
         if (g != 0.0 && cols.in[j]) {
+          const scalar_t n = static_cast<scalar_t>(c[r][j]);
           if (d != d) {
             G = static_cast<scalar_t>(NAN);
-          } else {
-            const scalar_t n = static_cast<scalar_t>(c[r][j]);
-            const double adp = n == scalar_t(0) ? 0.0 : static_cast<double>(adpoch(a[r][j], n));
+          } else if (n == scalar_t(0) || is_exact_count(n)) {
+            const double adp =
+                n == scalar_t(0)
+                    ? 0.0
+                    : static_cast<double>(adpoch_exact(exact_factors(a[r][j]), a[r][j],
+                                                       static_cast<int>(n)));
             G = static_cast<scalar_t>(g * (adp - static_cast<double>(a[r][j]) * d));
+          } else {
+            later |= 1u << (r * kCols + j);
           }
         }
-        a[r][j] = G;
-        dbias_acc[j] += G;
+        G_s[r * tile + own + j] = G;
+      }
+    }
+#pragma unroll 1
+    for (; later != 0; later &= later - 1) {
+      const int e = __ffs(static_cast<int>(later)) - 1;
+      const int r = e / kCols, j = e - r * kCols;
+      const int64_t v = cols.first + j;
+      const scalar_t l = log_alpha_at<scalar_t, kCols, kRows>(
+          W_s, X_s, P, bias != nullptr ? bias[v] : scalar_t(0), r, own + j);
+      const scalar_t a_v = dm_exp(l);
+      const scalar_t n = static_cast<scalar_t>(counts[(b0 + r) * V + v]);
+      const double adp = static_cast<double>(adpoch(a_v, n));
+      G_s[r * tile + own + j] =
+          static_cast<scalar_t>(g_s[r] * (adp - static_cast<double>(a_v) * d_s[r]));
+    }
+    scalar_t G[kRows][kCols];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const ColVec<scalar_t, kCols> x =
+          *reinterpret_cast<const ColVec<scalar_t, kCols>*>(G_s + r * tile + own);
+#pragma unroll
+      for (int j = 0; j < kCols; ++j) {
+        G[r][j] = x.v[j];
+        dbias_acc[j] += G[r][j];
       }
     }
     // dW += X^T G and the rows' dX pieces G W^T, p by p: one load of the
-    // thread's W values and one broadcast read of X_s per row serve both.
+    // thread's W values and of its dW slots, and one broadcast read of X_s
+    // per row, serve both.
     scalar_t* dx_w = dx_s + warp * kMaxP * kRows;
 #pragma unroll
     for (int p = 0; p < kMaxP; ++p) {
       if (p >= P) break;
       const ColVec<scalar_t, kCols> w =
-          *reinterpret_cast<const ColVec<scalar_t, kCols>*>(W_s + p * tile + threadIdx.x * kCols);
+          *reinterpret_cast<const ColVec<scalar_t, kCols>*>(W_s + p * tile + own);
+      auto* acc_at = reinterpret_cast<ColVec<scalar_t, kCols>*>(dW_s + p * tile + own);
+      ColVec<scalar_t, kCols> acc = *acc_at;
       scalar_t dx[kRows];
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
@@ -161,11 +208,12 @@ __global__ void __launch_bounds__(kThreads)
         scalar_t t = scalar_t(0);
 #pragma unroll
         for (int j = 0; j < kCols; ++j) {
-          dW_acc[p][j] = fma(x, a[r][j], dW_acc[p][j]);
-          t = fma(a[r][j], w.v[j], t);
+          acc.v[j] = fma(x, G[r][j], acc.v[j]);
+          t = fma(G[r][j], w.v[j], t);
         }
         dx[r] = t;
       }
+      *acc_at = acc;
       // Lane l: the warp's sum for row l % kRows (a fixed order).
       const scalar_t sum = warp_reduce_scatter<kRows, scalar_t>(dx, lane);
       if (lane < kRows) dx_w[p * kRows + lane] = sum;
@@ -192,7 +240,7 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t v = cols.first + j;
 #pragma unroll
     for (int p = 0; p < kMaxP; ++p) {
-      if (p < P) dW_part[(group * P + p) * V + v] = dW_acc[p][j];
+      if (p < P) dW_part[(group * P + p) * V + v] = dW_s[p * tile + own + j];
     }
     if (dbias_part != nullptr) dbias_part[group * V + v] = dbias_acc[j];
   }

@@ -31,10 +31,14 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ scalar_t X_s[kMaxP * kRows];
   __shared__ double sums[kRows][kWarps][4];  // a warp's (s, N, norm, A) per row
   __shared__ bool sums_ok[kRows][kWarps];
+  __shared__ scalar_t log_fact[kTableWidth];  // log n!, n = 0 .. kMaxExactCount
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t tiles = gridDim.y;
 
   stage_w_tile<scalar_t, kCols, kMaxP>(W, P, V, W_s);
+  if (threadIdx.x < kTableWidth) {
+    log_fact[threadIdx.x] = log_factorial(static_cast<scalar_t>(threadIdx.x));
+  }
   const ThreadCols<kCols> cols = thread_cols<kCols>(V);
   scalar_t bias_c[kCols];
 #pragma unroll
@@ -57,6 +61,10 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
     scalar_t la[kRows][kCols];
     batch_log_alpha<scalar_t, kCols, kMaxP, kRows>(W_s, X_s, P, bias_c, la);
+    // Counts off the exact path, and exact ones whose float32 value cancels,
+    // are marked (bit r kCols + j) and taken after the batch's rows, when
+    // no register array is live across the out-of-line math calls.
+    unsigned later = 0;
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       double s = 0.0, N = 0.0, norm = 0.0;
@@ -76,13 +84,43 @@ __global__ void __launch_bounds__(kThreads)
         }
         N += static_cast<double>(c[r][j]);
         if (totals_only) continue;
-        s += static_cast<double>(lnpoch(a, la[r][j], n));
-        if (normalize) norm -= static_cast<double>(log_factorial(n));
+        if (is_exact_count(n)) {
+          const int m = static_cast<int>(n);
+          const scalar_t t = lnpoch_exact(exact_factors(a), la[r][j], m);
+          if (!lnpoch_exact_cancels(la[r][j], m, t)) {
+            s += static_cast<double>(t);
+            if (normalize) norm -= static_cast<double>(log_fact[m]);
+            continue;
+          }
+        }
+        later |= 1u << (r * kCols + j);
       }
       const double v = warp_sum4_transposed(s, N, norm, static_cast<double>(asum));
       const bool row_ok = __all_sync(0xffffffffu, ok);
       if ((lane & 7) == 0) sums[r][warp][lane >> 3] = v;
       if (lane == 0) sums_ok[r][warp] = row_ok;
+    }
+    if (__any_sync(0xffffffffu, later != 0)) {
+      __syncwarp();  // the warp's sums written
+#pragma unroll 1
+      for (int r = 0; r < kRows; ++r) {
+        unsigned mine = (later >> (r * kCols)) & ((1u << kCols) - 1u);
+        if (!__any_sync(0xffffffffu, mine != 0)) continue;
+        double s = 0.0, norm = 0.0;
+        for (; mine != 0; mine &= mine - 1) {
+          const int j = __ffs(static_cast<int>(mine)) - 1;
+          const int64_t v = cols.first + j;
+          const scalar_t l = log_alpha_at<scalar_t, kCols, kRows>(
+              W_s, X_s, P, bias != nullptr ? bias[v] : scalar_t(0), r,
+              static_cast<int>(threadIdx.x) * kCols + j);
+          const scalar_t n = static_cast<scalar_t>(counts[(b0 + r) * V + v]);
+          s += static_cast<double>(lnpoch(dm_exp(l), l, n));
+          if (normalize) norm -= static_cast<double>(log_factorial(n));
+        }
+        s = warp_sum(s);
+        norm = warp_sum(norm);
+        if (lane == 0) sums[r][warp][0] += s, sums[r][warp][2] += norm;
+      }
     }
     __syncthreads();
     if (threadIdx.x < kRows && b0 + threadIdx.x < row_end) {

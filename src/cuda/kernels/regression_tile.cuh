@@ -106,5 +106,19 @@ __device__ __forceinline__ void batch_log_alpha(const scalar_t* __restrict__ W_s
   }
 }
 
+// One count's log concentration again, for a term taken after the batch's
+// rows (off the exact path): row r of the batch, column c of the tile, the
+// same operations in the same order as batch_log_alpha, so the same bits.
+template <typename scalar_t, int kCols, int kRows>
+__device__ __forceinline__ scalar_t log_alpha_at(const scalar_t* __restrict__ W_s,
+                                                 const scalar_t* __restrict__ X_s, int P,
+                                                 scalar_t bias, int r, int c) {
+  const int tile = blockDim.x * kCols;
+  scalar_t la = bias;
+#pragma unroll 1
+  for (int p = 0; p < P; ++p) la = fma(X_s[p * kRows + r], W_s[p * tile + c], la);
+  return la;
+}
+
 }  // namespace cuda
 }  // namespace dirmult
