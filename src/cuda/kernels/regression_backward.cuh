@@ -56,12 +56,6 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t tiles = gridDim.y;
 
   stage_w_tile<scalar_t, kCols, kMaxP>(W, P, V, W_s);
-  const ThreadCols<kCols> cols = thread_cols<kCols>(V);
-  scalar_t bias_c[kCols];
-#pragma unroll
-  for (int j = 0; j < kCols; ++j) {
-    bias_c[j] = bias != nullptr && cols.in[j] ? bias[cols.first + j] : scalar_t(0);
-  }
   // (Shared memory rather than registers: the out-of-line math calls of the
   // rare counts would save 64 live accumulators around them.)
   const int own = static_cast<int>(threadIdx.x) * kCols;  // the thread's slots
@@ -75,6 +69,13 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t row_begin = static_cast<int64_t>(blockIdx.x) * rows_per_group;
   const int64_t row_end = min(B, row_begin + rows_per_group);
   for (int64_t b0 = row_begin; b0 < row_end; b0 += kRows) {
+    // (Columns and bias reloaded per batch, as in the forward.)
+    const ThreadCols<kCols> cols = thread_cols<kCols>(V);
+    scalar_t bias_c[kCols];
+#pragma unroll
+    for (int j = 0; j < kCols; ++j) {
+      bias_c[j] = bias != nullptr && cols.in[j] ? bias[cols.first + j] : scalar_t(0);
+    }
     count_t c[kRows][kCols];
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
@@ -114,6 +115,9 @@ __global__ void __launch_bounds__(kThreads)
         const scalar_t n = static_cast<scalar_t>(c[r][j]);
         ok = ok && (n == scalar_t(0) || is_valid_count(n));
         N += static_cast<double>(c[r][j]);
+        // alpha to the thread's G_s slots: the row totals' dpoch calls below
+        // then find no register array live around them.
+        G_s[r * tile + own + j] = a[r][j];
       }
       if (totals == nullptr) {  // (uniform over the grid)
         const double Nw = warp_sum(N), Aw = warp_sum(static_cast<double>(asum));
@@ -145,20 +149,27 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       const double g = g_s[r], d = d_s[r];
+      // (The counts again, from the caches: see G_s above.)
+      count_t cr[kCols];
+      load_thread_counts<count_t, kCols>(b0 + r < row_end ? counts + (b0 + r) * V : nullptr, cols,
+                                         aligned, cr);
+      const ColVec<scalar_t, kCols> ar =
+          *reinterpret_cast<const ColVec<scalar_t, kCols>*>(G_s + r * tile + own);
 #pragma unroll
       for (int j = 0; j < kCols; ++j) {
+        const scalar_t a_j = ar.v[j];
         scalar_t G = scalar_t(0);
         if (g != 0.0 && cols.in[j]) {
-          const scalar_t n = static_cast<scalar_t>(c[r][j]);
+          const scalar_t n = static_cast<scalar_t>(cr[j]);
           if (d != d) {
             G = static_cast<scalar_t>(NAN);
           } else if (n == scalar_t(0) || is_exact_count(n)) {
             const double adp =
                 n == scalar_t(0)
                     ? 0.0
-                    : static_cast<double>(adpoch_exact(exact_factors(a[r][j]), a[r][j],
+                    : static_cast<double>(adpoch_exact(exact_factors(a_j), a_j,
                                                        static_cast<int>(n)));
-            G = static_cast<scalar_t>(g * (adp - static_cast<double>(a[r][j]) * d));
+            G = static_cast<scalar_t>(g * (adp - static_cast<double>(a_j) * d));
           } else {
             later |= 1u << (r * kCols + j);
           }
@@ -233,6 +244,7 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   // The group's partials of its tile's columns.
+  const ThreadCols<kCols> cols = thread_cols<kCols>(V);
   const int64_t group = blockIdx.x;
 #pragma unroll
   for (int j = 0; j < kCols; ++j) {

@@ -39,17 +39,19 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x < kTableWidth) {
     log_fact[threadIdx.x] = log_factorial(static_cast<scalar_t>(threadIdx.x));
   }
-  const ThreadCols<kCols> cols = thread_cols<kCols>(V);
-  scalar_t bias_c[kCols];
-#pragma unroll
-  for (int j = 0; j < kCols; ++j) {
-    bias_c[j] = bias != nullptr && cols.in[j] ? bias[cols.first + j] : scalar_t(0);
-  }
   const int64_t row_begin = static_cast<int64_t>(blockIdx.x) * rows_per_group;
   const int64_t row_end = min(B, row_begin + rows_per_group);
   for (int64_t b0 = row_begin; b0 < row_end; b0 += kRows) {
-    // (The counts' loads are issued before the barrier, to be in flight
+    // (The thread's columns and bias are reloaded per batch rather than held
+    // through the loop: fewer values live across the rare terms' calls.
+    // The counts' loads are issued before the barrier, to be in flight
     // through it.)
+    const ThreadCols<kCols> cols = thread_cols<kCols>(V);
+    scalar_t bias_c[kCols];
+#pragma unroll
+    for (int j = 0; j < kCols; ++j) {
+      bias_c[j] = bias != nullptr && cols.in[j] ? bias[cols.first + j] : scalar_t(0);
+    }
     count_t c[kRows][kCols];
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
