@@ -44,4 +44,15 @@ STABLE_TORCH_LIBRARY(dirmult, m) {
   m.def(
       "log_lik_csr_backward(Tensor grad, Tensor crow_indices, Tensor values, Tensor csc_ptr, "
       "Tensor csc_rows, Tensor csc_values, Tensor log_alpha) -> Tensor");
+  // The DM regression (See Note [Regression fusion]): counts (B, V), X (B,
+  // P), W (P, V), bias (V,) or None; per row log_alpha = X[b] W + bias,
+  // computed in the kernels, never stored. Returns (B,).
+  m.def(
+      "log_lik_regression(Tensor counts, Tensor X, Tensor W, Tensor? bias=None, "
+      "bool normalize=False) -> Tensor");
+  // grad (B,) -> (grad_X (B, P), grad_W (P, V), grad_bias (V,), or an empty
+  // (0,) tensor when bias is None). No gradient with respect to counts.
+  m.def(
+      "log_lik_regression_backward(Tensor grad, Tensor counts, Tensor X, Tensor W, "
+      "Tensor? bias, bool normalize) -> (Tensor, Tensor, Tensor)");
 }

@@ -144,6 +144,33 @@ OP_ERRORS = {
                                 "torch.tensor([0, 1], device=d), torch.ones(2, device=d), "
                                 "torch.zeros(3, device=d)",
                                 "grad must be .B,. for .V,. log_alpha"),
+    "regression counts rank": ("log_lik_regression", "torch.ones(3, 5, 2, device=d), "
+                               "torch.zeros(3, 2, device=d), torch.zeros(2, 5, device=d), "
+                               "torch.zeros(5, device=d), False",
+                               r"counts must be \(B, V\) for log_lik_regression"),
+    "regression X dtype": ("log_lik_regression", "torch.ones(3, 5, device=d), "
+                           "torch.zeros(3, 2, dtype=torch.int64, device=d), "
+                           "torch.zeros(2, 5, device=d), torch.zeros(5, device=d), False",
+                           "X must be float32 or float64"),
+    "regression P mismatch": ("log_lik_regression", "torch.ones(3, 5, device=d), "
+                              "torch.zeros(3, 2, device=d), torch.zeros(4, 5, device=d), "
+                              "torch.zeros(5, device=d), False",
+                              "W has 4 rows but X has P=2 columns"),
+    "regression V mismatch": ("log_lik_regression", "torch.ones(3, 5, device=d), "
+                              "torch.zeros(3, 2, device=d), torch.zeros(2, 6, device=d), "
+                              "torch.zeros(5, device=d), False",
+                              "W has 6 columns but counts has V=5"),
+    "regression bias shape": ("log_lik_regression", "torch.ones(3, 5, device=d), "
+                              "torch.zeros(3, 2, device=d), torch.zeros(2, 5, device=d), "
+                              "torch.zeros(4, device=d), True", r"bias must be \(V,\) with V=5"),
+    "regression_backward grad shape": ("log_lik_regression_backward", "torch.ones(2, device=d), "
+                                       "torch.ones(3, 5, device=d), torch.zeros(3, 2, device=d), "
+                                       "torch.zeros(2, 5, device=d), torch.zeros(5, device=d), "
+                                       "False", r"grad must be \(B,\) with B=3"),
+    "regression device": ("log_lik_regression", "torch.ones(3, 5, device=d), "
+                          "torch.zeros(3, 2, device=d), torch.zeros(2, 5), "
+                          "torch.zeros(5, device=d), False",
+                          "counts and W must be on the same device"),
     "csr device": ("log_lik_csr", "torch.tensor([0, 1, 2], device=d), "
                    "torch.tensor([0, 1], device=d), torch.ones(2), torch.zeros(3, device=d), "
                    "False", "must be on the same device"),

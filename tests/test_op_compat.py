@@ -6,6 +6,7 @@ gradients there against the float64 formula."""
 import subprocess
 import sys
 import textwrap
+from typing import Optional
 
 import pytest
 import torch
@@ -53,7 +54,25 @@ def _opcheck_cases(op, device):
                                  _csr_backward_args(torch.randn(6, 3, device=device), counts,
                                                     la_k.detach()),
                                  _csr_backward_args(d(grad), d(counts), d(la))],
+        "log_lik_regression": [(counts, *_design(6, 9, 4, device), False),
+                               (counts, *_design(6, 9, 4, device, bias=False), True),
+                               (counts.to(torch.uint8), *_design(6, 9, 2, device, grad=False), True),
+                               (d(counts), *_design(6, 9, 3, device, torch.float64), True),
+                               (counts, *_design(6, 9, 65, device), False)],
+        "log_lik_regression_backward": [
+            (grad, counts, *_design(6, 9, 4, device, grad=False), False),
+            (grad, counts, *_design(6, 9, 4, device, bias=False, grad=False), True),
+            (d(grad), d(counts), *_design(6, 9, 3, device, torch.float64, grad=False), True),
+            (grad, counts, *_design(6, 9, 65, device, grad=False), False)],
     }[op]
+
+
+def _design(B, V, P, device, dtype=torch.float32, bias=True, grad=True):
+    """log_lik_regression's (X, W, bias) with log_alpha within about (-2, 2)."""
+    X = torch.randn(B, P, dtype=dtype, device=device)
+    W = torch.randn(P, V, dtype=dtype, device=device) * (0.5 / P ** 0.5)
+    b = torch.randn(V, dtype=dtype, device=device) * 0.5 if bias else None
+    return tuple(t.requires_grad_(grad) if t is not None else None for t in (X, W, b))
 
 
 def _csr_parts(counts):
@@ -72,7 +91,7 @@ def _csr_backward_args(grad, counts, log_alpha):
 
 OPS = ["log_lik", "log_lik_backward", "log_lik_with_grad", "log_lik_components",
        "log_lik_components_backward", "poch_terms", "tpoch_terms", "log_lik_csr",
-       "log_lik_csr_backward"]
+       "log_lik_csr_backward", "log_lik_regression", "log_lik_regression_backward"]
 
 
 def test_every_op_is_checked():
@@ -188,3 +207,73 @@ def test_module_reduction_eager_and_scripted(device, reduction):
     assert f"reduction='{reduction}'" in repr(model)
     with pytest.raises(ValueError, match="reduction must be one of"):
         dirmult_ext.DirichletMultinomialLogLik(12, reduction="avg")
+
+
+# ------------------------------------------------------------ log_lik_regression
+def _regression_loss(counts, X, W, bias):
+    return dirmult_ext.log_lik_regression(counts, X, W, bias, normalize=True).sum()
+
+
+def _regression_float64(counts, X, W, bias):
+    la = X.detach().double().cpu() @ W.detach().double().cpu() + bias.detach().double().cpu()
+    return log_lik_float64(counts, la, True)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_regression_compile_fullgraph(device, dynamic):
+    torch._dynamo.reset()
+    compiled = torch.compile(_regression_loss, fullgraph=True, dynamic=dynamic)
+    for B, V, P in [(8, 16, 3), (13, 16, 3), (5, 40, 3)]:
+        counts = random_counts((B, V), torch.float32, device)
+        X, W, b = _design(B, V, P, device)
+        out = compiled(counts, X, W, b)
+        grads = torch.autograd.grad(out, (X, W, b))
+        eager = [t.detach().clone().requires_grad_() for t in (X, W, b)]
+        ref = _regression_loss(counts, *eager)
+        torch.testing.assert_close(out, ref)
+        for g, r in zip(grads, torch.autograd.grad(ref, eager)):
+            torch.testing.assert_close(g, r)
+        assert abs(out.item() - _regression_float64(counts, X, W, b).sum().item()) < 1e-3
+
+
+def test_regression_compile_no_graph_breaks(device):
+    torch._dynamo.reset()
+    counts = random_counts((8, 16), torch.float32, device)
+    explanation = torch._dynamo.explain(_regression_loss)(counts, *_design(8, 16, 3, device))
+    assert explanation.graph_break_count == 0
+
+
+def test_regression_export(device):
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.W = torch.nn.Parameter(torch.randn(4, 12) * 0.3)
+            self.bias = torch.nn.Parameter(torch.randn(12) * 0.3)
+
+        def forward(self, counts, X):
+            return dirmult_ext.log_lik_regression(counts, X, self.W, self.bias)
+
+    model = Model().to(device)
+    counts = random_counts((7, 12), torch.float32, device)
+    X = torch.randn(7, 4, device=device)
+    batch = torch.export.Dim("batch")
+    ep = torch.export.export(model, (counts, X),
+                             dynamic_shapes={"counts": {0: batch}, "X": {0: batch}})
+    assert any("log_lik_regression" in str(n.target) for n in ep.graph.nodes)
+    counts2 = random_counts((11, 12), torch.float32, device)
+    X2 = torch.randn(11, 4, device=device)
+    torch.testing.assert_close(ep.module()(counts2, X2), model(counts2, X2))
+
+
+@torch.jit.script
+def scripted_regression(counts: torch.Tensor, X: torch.Tensor, W: torch.Tensor,
+                        bias: Optional[torch.Tensor]) -> torch.Tensor:
+    return torch.ops.dirmult.log_lik_regression(counts, X, W, bias, True)
+
+
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_regression_jit_script(device, with_bias):
+    counts = random_counts((9, 14), torch.float32, device)
+    X, W, b = _design(9, 14, 5, device, bias=with_bias, grad=False)
+    torch.testing.assert_close(scripted_regression(counts, X, W, b),
+                               dirmult_ext.log_lik_regression(counts, X, W, b, normalize=True))

@@ -6,6 +6,7 @@ from ._version import __version__
 from ._ops import BUILD_INFO, COMPONENTS_WAY, CUDA_KERNELS, OP_CHECKS
 from .api import (DirichletMultinomialLogLik, log_lik, log_lik_components,
                   reference_log_lik)
+from .regression_api import log_lik_regression
 from .distribution import DirichletMultinomial
 from .fit import DMFit, fit
 from .mixture import DMClassifier, DMMixture, fit_mixture
@@ -37,7 +38,7 @@ def __getattr__(name):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["__version__", "build_info", "log_lik", "log_lik_components",
+__all__ = ["__version__", "build_info", "log_lik", "log_lik_components", "log_lik_regression",
            "DirichletMultinomialLogLik", "reference_log_lik", "DirichletMultinomial",
            "fit", "DMFit", "fit_mixture", "DMMixture", "DMClassifier", "datasets", "io",
            "SparseCounts", "fit_regression", "DMRegressionFit", "DirichletMultinomialRegression"]

@@ -80,6 +80,50 @@ def finite(counts: Tensor, log_alpha: Tensor, name: str) -> None:
         raise ValueError(f"{name} contains NaN or infinite values")
 
 
+def regression_inputs(counts, X, W, bias) -> None:
+    """log_lik_regression's arguments: counts (B, V), X (B, P), W (P, V),
+    bias (V,) or None; tensors, dense, floating design, one device."""
+    for t, name in ((counts, "counts"), (X, "X"), (W, "W")):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if bias is not None and not isinstance(bias, Tensor):
+        raise TypeError(f"bias must be a torch.Tensor or None, got {type(bias).__name__}")
+    if counts.layout != torch.strided:
+        raise ValueError(f"log_lik_regression takes dense (strided) counts only, got "
+                         f"{counts.layout}; densify sparse counts with .to_dense()")
+    if counts.dtype not in COUNT_DTYPES:
+        raise ValueError(
+            f"counts must have dtype float32, float64, float16, bfloat16, int32, int64 "
+            f"or uint8, got {counts.dtype}")
+    named = [(X, "X"), (W, "W")] + ([(bias, "bias")] if bias is not None else [])
+    for t, name in named:
+        if t.layout != torch.strided:
+            raise ValueError(f"{name} must be a dense (strided) tensor, got {t.layout}")
+        if not t.is_floating_point():
+            raise ValueError(f"{name} must be a floating-point tensor, got {t.dtype}")
+        if t.device != counts.device:
+            raise ValueError(f"counts and {name} must be on the same device, got "
+                             f"{counts.device} and {t.device}")
+    if counts.dim() != 2:
+        raise ValueError(f"counts must have shape (B, V), got {tuple(counts.shape)}")
+    if X.dim() != 2:
+        raise ValueError(f"X must have shape (B, P), got {tuple(X.shape)}")
+    if W.dim() != 2:
+        raise ValueError(f"W must have shape (P, V), got {tuple(W.shape)}")
+    B, V = counts.shape
+    if X.shape[0] != B:
+        raise ValueError(f"X must have one row per row of counts (B={B}), got shape "
+                         f"{tuple(X.shape)}")
+    if W.shape[0] != X.shape[1]:
+        raise ValueError(f"W must have one row per column of X (P={X.shape[1]}), got shape "
+                         f"{tuple(W.shape)}")
+    if W.shape[1] != V:
+        raise ValueError(f"W must have one column per category of counts (V={V}), got "
+                         f"shape {tuple(W.shape)}")
+    if bias is not None and (bias.dim() != 1 or bias.shape[0] != V):
+        raise ValueError(f"bias must have shape ({V},), got {tuple(bias.shape)}")
+
+
 def reduction(value: str) -> None:
     if value not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {', '.join(map(repr, REDUCTIONS))}, "
@@ -261,6 +305,52 @@ def op_log_lik_csr_backward(grad, crow, values, csc_ptr, csc_rows, csc_values, l
     _same_device(crow, "crow_indices", csc_values, "csc_values")
 
 
+def _regression(counts, X, W, bias) -> None:
+    """check_regression."""
+    _counts(counts)
+    if counts.dim() != 2:
+        _fail(f"counts must be (B, V) for log_lik_regression, got {counts.dim()} dimensions")
+    _dense(X, "X")
+    _dense(W, "W")
+    if X.dim() != 2:
+        _fail(f"X must be (B, P) for log_lik_regression, got {X.dim()} dimensions")
+    if W.dim() != 2:
+        _fail(f"W must be (P, V) for log_lik_regression, got {W.dim()} dimensions")
+    if X.dtype not in COMPUTE_DTYPES:
+        _fail("X must be float32 or float64 (it sets the compute dtype)")
+    if W.dtype != X.dtype:
+        _fail("W must have X's dtype")
+    if X.shape[0] != counts.shape[0]:
+        _fail(f"X has {X.shape[0]} rows but counts has B={counts.shape[0]}")
+    if W.shape[0] != X.shape[1]:
+        _fail(f"W has {W.shape[0]} rows but X has P={X.shape[1]} columns")
+    if W.shape[1] != counts.shape[1]:
+        _fail(f"W has {W.shape[1]} columns but counts has V={counts.shape[1]}")
+    _same_device(counts, "counts", X, "X")
+    _same_device(counts, "counts", W, "W")
+    if bias is not None:
+        _dense(bias, "bias")
+        if bias.dim() != 1 or bias.shape[0] != counts.shape[1]:
+            _fail(f"bias must be (V,) with V={counts.shape[1]}")
+        if bias.dtype != X.dtype:
+            _fail("bias must have X's dtype")
+        _same_device(counts, "counts", bias, "bias")
+
+
+def op_log_lik_regression(counts, X, W, bias=None, *_):
+    _regression(counts, X, W, bias)
+
+
+def op_log_lik_regression_backward(grad, counts, X, W, bias=None, *_):
+    _regression(counts, X, W, bias)
+    _dense(grad, "grad")
+    _same_device(grad, "grad", counts, "counts")
+    if grad.dtype != X.dtype:
+        _fail("grad must have X's dtype")
+    if grad.dim() != 1 or grad.shape[0] != counts.shape[0]:
+        _fail(f"grad must be (B,) with B={counts.shape[0]}")
+
+
 OP_CHECKS = {
     "log_lik": op_log_lik,
     "log_lik_backward": op_log_lik_backward,
@@ -271,4 +361,6 @@ OP_CHECKS = {
     "tpoch_terms": op_tpoch_terms,
     "log_lik_csr": op_log_lik_csr,
     "log_lik_csr_backward": op_log_lik_csr_backward,
+    "log_lik_regression": op_log_lik_regression,
+    "log_lik_regression_backward": op_log_lik_regression_backward,
 }

@@ -371,3 +371,5 @@ def _poch_terms_fake(log_alpha, n):
 
 # The backward ops' own autograd formulas (second derivatives) and tpoch_terms.
 from . import _double_backward  # noqa: E402,F401
+# log_lik_regression's fake kernels and autograd.
+from . import _regression_ops  # noqa: E402,F401

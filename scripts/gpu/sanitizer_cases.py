@@ -57,6 +57,29 @@ def forward_case(B, V, dtype=torch.float32, off_table=0.0):
     torch.testing.assert_close(out.cpu(), ref, rtol=1e-5, atol=1e-3)
 
 
+def regression_case(B, V, P, dtype=torch.float32, compute=torch.float32, bias=True,
+                    off_table=0.0):
+    """log_lik_regression and its backward (weighted rows, some of weight 0)
+    against the CPU kernels."""
+    counts = draw_counts(B, V, dtype, 20, off_table)
+    X = torch.randn(B, P, dtype=compute, device="cuda")
+    W = torch.randn(P, V, dtype=compute, device="cuda") * (0.5 / P ** 0.5)
+    b = torch.randn(V, dtype=compute, device="cuda") * 0.5 if bias else None
+    leaves = [t.requires_grad_() for t in (X, W, b) if t is not None]
+    out = dirmult_ext.log_lik_regression(counts, X, W, b, normalize=True)
+    w = torch.rand_like(out)
+    w[::5] = 0.0
+    grads = torch.autograd.grad((out * w).sum(), leaves)
+    cpu = [t.detach().cpu().requires_grad_() for t in leaves]
+    ref = dirmult_ext.log_lik_regression(counts.cpu(), cpu[0], cpu[1],
+                                         cpu[2] if bias else None, normalize=True)
+    ref_grads = torch.autograd.grad((ref * w.cpu()).sum(), cpu)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out.detach().cpu(), ref.detach(), rtol=1e-5, atol=1e-3)
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g.cpu(), r, rtol=1e-4, atol=1e-3 * r.abs().max().item())
+
+
 if __name__ == "__main__":
     case(37, 256)                   # one-launch small forward; table single pass
     case(40, 1000, torch.float64)   # small forward, four alpha slices in shared memory
@@ -112,6 +135,13 @@ if __name__ == "__main__":
     case(33, 301, K=7)              # component tables, K <= 8, scalar loads
     case(64, 260, torch.uint8, K=18)  # component tables, two component blocks
     case(6, 33, torch.int64, K=9)
+    regression_case(300, 1024, 16)  # one column tile: the backward sums its rows' totals
+    regression_case(70, 1500, 16, off_table=0.3)  # two tiles: the totals pass, dX pieces
+    regression_case(41, 301, 5, torch.uint8)      # scalar loads, 1-byte counts, P <= 8
+    regression_case(37, 700, 33, torch.int64, bias=False)  # two columns a thread
+    regression_case(29, 513, 64, off_table=0.3)   # a column a thread, three tiles
+    regression_case(20, 300, 20, compute=torch.float64)
+    regression_case(9, 200, 65)     # above the fused P: the matmul way
     la = torch.randn(50, device="cuda")
     torch.ops.dirmult.poch_terms(la, torch.rand(50, device="cuda") * 40)
     torch.cuda.synchronize()

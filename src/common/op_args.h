@@ -30,13 +30,14 @@
 // other ops: LogLikBackwardArgs(grad, counts, log_alpha), LogLikArgs(counts,
 // log_alpha, check_log_lik_with_grad), ComponentsArgs(counts, log_alpha),
 // ComponentsBackwardArgs(grad, counts, log_alpha), PochTermsArgs(log_alpha,
-// n).
+// n), RegressionArgs(counts, X, W, bias) and its backward's (with grad).
 #pragma once
 
 #include <torch/csrc/stable/tensor.h>
 #include <torch/headeronly/core/ScalarType.h>
 
 #include <cstdint>
+#include <optional>
 
 #include "count_dispatch.h"
 #include "tensor_checks.h"
@@ -204,6 +205,79 @@ struct PochTermsArgs {
       t.grad = nullptr;
       fn(t);
     });
+  }
+};
+
+// The typed data of one log_lik_regression dispatch case: bias and grad
+// are nullptr when absent.
+template <typename S, typename C>
+struct RegressionTyped : Types<S, C> {
+  const C* counts;
+  const S* X;
+  const S* W;
+  const S* bias;
+  const S* grad;
+  static S* out(const Tensor& t) { return static_cast<S*>(t.mutable_data_ptr()); }
+};
+
+// log_lik_regression and (with grad) its backward: counts (B, V), X (B, P),
+// W (P, V), bias (V,) or none, checked by check_regression(_backward).
+template <typename Device>
+struct RegressionArgs {
+  using device_type = Device;
+  bool checked;
+  typename Device::Guard guard;
+  Tensor counts, X, W;  // contiguous
+  std::optional<Tensor> bias, grad;  // contiguous
+  int64_t B, V, P;
+
+  RegressionArgs(const Tensor& counts_, const Tensor& X_, const Tensor& W_,
+                 const std::optional<Tensor>& bias_)
+      : checked((check_regression(counts_, X_, W_, bias_), true)),
+        guard(counts_),
+        counts(Device::counts(counts_)),
+        X(as_contiguous(X_)),
+        W(as_contiguous(W_)),
+        bias(contiguous_or_none(bias_)),
+        B(counts.size(0)),
+        V(counts.size(1)),
+        P(X.size(1)) {}
+
+  RegressionArgs(const Tensor& grad_, const Tensor& counts_, const Tensor& X_, const Tensor& W_,
+                 const std::optional<Tensor>& bias_)
+      : checked((check_regression_backward(grad_, counts_, X_, W_, bias_), true)),
+        guard(counts_),
+        counts(Device::counts(counts_)),
+        X(as_contiguous(X_)),
+        W(as_contiguous(W_)),
+        bias(contiguous_or_none(bias_)),
+        grad(as_contiguous(grad_)),
+        B(counts.size(0)),
+        V(counts.size(1)),
+        P(X.size(1)) {}
+
+  // No rows or no columns: the values (and gradients) are 0.
+  bool empty() const { return B == 0 || V == 0; }
+
+  template <typename Fn>
+  void dispatch(Fn&& fn) const {
+    Device::dispatch(X.scalar_type(), counts.scalar_type(), [&](auto types) {
+      using S = typename decltype(types)::scalar_t;
+      using C = typename decltype(types)::count_t;
+      RegressionTyped<S, C> t;
+      t.counts = static_cast<const C*>(counts.const_data_ptr());
+      t.X = static_cast<const S*>(X.const_data_ptr());
+      t.W = static_cast<const S*>(W.const_data_ptr());
+      t.bias = bias.has_value() ? static_cast<const S*>(bias->const_data_ptr()) : nullptr;
+      t.grad = grad.has_value() ? static_cast<const S*>(grad->const_data_ptr()) : nullptr;
+      fn(t);
+    });
+  }
+
+ private:
+  static std::optional<Tensor> contiguous_or_none(const std::optional<Tensor>& t) {
+    if (!t.has_value()) return std::nullopt;
+    return as_contiguous(*t);
   }
 };
 

@@ -10,6 +10,7 @@
 #include <torch/headeronly/util/Exception.h>
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 namespace dirmult {
@@ -161,6 +162,48 @@ inline int64_t check_poch_terms(const Tensor& log_alpha, const Tensor& n,
                   "dirmult: ", op, " needs log_alpha and n of one size");
   check_same_device(log_alpha, "log_alpha", n, "n");
   return log_alpha.numel();
+}
+
+// log_lik_regression: counts (B, V), X (B, P), W (P, V), bias (V,) or
+// none; X sets the compute dtype, W and bias share it; all on counts'
+// device. The same checks and messages as _checks.op_log_lik_regression.
+inline void check_regression(const Tensor& counts, const Tensor& X, const Tensor& W,
+                             const std::optional<Tensor>& bias) {
+  check_counts(counts);
+  STD_TORCH_CHECK(counts.dim() == 2, "dirmult: counts must be (B, V) for log_lik_regression, got ",
+                  counts.dim(), " dimensions");
+  STD_TORCH_CHECK(X.dim() == 2, "dirmult: X must be (B, P) for log_lik_regression, got ", X.dim(),
+                  " dimensions");
+  STD_TORCH_CHECK(W.dim() == 2, "dirmult: W must be (P, V) for log_lik_regression, got ", W.dim(),
+                  " dimensions");
+  STD_TORCH_CHECK(is_compute_dtype(X.scalar_type()),
+                  "dirmult: X must be float32 or float64 (it sets the compute dtype)");
+  STD_TORCH_CHECK(W.scalar_type() == X.scalar_type(), "dirmult: W must have X's dtype");
+  STD_TORCH_CHECK(X.size(0) == counts.size(0), "dirmult: X has ", X.size(0),
+                  " rows but counts has B=", counts.size(0));
+  STD_TORCH_CHECK(W.size(0) == X.size(1), "dirmult: W has ", W.size(0),
+                  " rows but X has P=", X.size(1), " columns");
+  STD_TORCH_CHECK(W.size(1) == counts.size(1), "dirmult: W has ", W.size(1),
+                  " columns but counts has V=", counts.size(1));
+  check_same_device(counts, "counts", X, "X");
+  check_same_device(counts, "counts", W, "W");
+  if (bias.has_value()) {
+    STD_TORCH_CHECK(bias->dim() == 1 && bias->size(0) == counts.size(1),
+                    "dirmult: bias must be (V,) with V=", counts.size(1));
+    STD_TORCH_CHECK(bias->scalar_type() == X.scalar_type(), "dirmult: bias must have X's dtype");
+    check_same_device(counts, "counts", *bias, "bias");
+  }
+}
+
+// log_lik_regression_backward: the regression's arguments and one incoming
+// gradient per row, in X's dtype on counts' device.
+inline void check_regression_backward(const Tensor& grad, const Tensor& counts, const Tensor& X,
+                                      const Tensor& W, const std::optional<Tensor>& bias) {
+  check_regression(counts, X, W, bias);
+  check_same_device(grad, "grad", counts, "counts");
+  STD_TORCH_CHECK(grad.scalar_type() == X.scalar_type(), "dirmult: grad must have X's dtype");
+  STD_TORCH_CHECK(grad.dim() == 1 && grad.size(0) == counts.size(0),
+                  "dirmult: grad must be (B,) with B=", counts.size(0));
 }
 
 }  // namespace dirmult

@@ -93,5 +93,20 @@ inline int64_t gradient_row_blocks(int64_t B, int64_t V) {
   return std::max<int64_t>(1, std::min<int64_t>({(B + 255) / 256, 64, max_blocks}));
 }
 
+// --- log_lik_regression (See Note [Regression fusion]).
+
+// Rows per parallel work item of the regression's forward.
+constexpr int64_t kRegressionRowGrain = 16;
+
+// Blocks of rows whose dW and dbias partials the regression's backward sums
+// apart, then adds in order: up to 64 of at least 256 rows, their partials
+// (blocks x (P + 1) x V doubles) at most 2^22 values. The shape alone fixes
+// them, never the thread count.
+inline int64_t regression_row_blocks(int64_t B, int64_t P, int64_t V) {
+  const int64_t per_block = (P + 1) * std::max<int64_t>(V, 1);
+  const int64_t max_blocks = std::max<int64_t>(1, (int64_t{1} << 22) / per_block);
+  return std::max<int64_t>(1, std::min<int64_t>({(B + 255) / 256, 64, max_blocks}));
+}
+
 }  // namespace cpu
 }  // namespace dirmult

@@ -7,6 +7,7 @@
 #include <torch/csrc/stable/tensor.h>
 
 #include <cstdint>
+#include <optional>
 #include <tuple>
 
 #include "../common/tensor_checks.h"
@@ -25,6 +26,12 @@ std::tuple<Tensor, Tensor> tpoch_terms_cuda(Tensor log_alpha, Tensor n);
 Tensor log_lik_csr_cuda(Tensor crow, Tensor col, Tensor val, Tensor log_alpha, bool normalize);
 Tensor log_lik_csr_backward_cuda(Tensor grad, Tensor crow, Tensor val, Tensor csc_ptr,
                                  Tensor csc_row, Tensor csc_val, Tensor log_alpha);
+Tensor log_lik_regression_cuda(Tensor counts, Tensor X, Tensor W, std::optional<Tensor> bias,
+                               bool normalize);
+std::tuple<Tensor, Tensor, Tensor> log_lik_regression_backward_cuda(Tensor grad, Tensor counts,
+                                                                    Tensor X, Tensor W,
+                                                                    std::optional<Tensor> bias,
+                                                                    bool normalize);
 
 // log_lik of B rows of V native counts (contiguous) and shared float32
 // log_alpha (V,) into out[0 .. B), on stream (log_lik_cuda.cu).

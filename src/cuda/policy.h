@@ -4,6 +4,7 @@
 // measurements behind each threshold are in BENCHMARKS.md.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
@@ -116,6 +117,59 @@ bool components_as_shared_backward(int64_t B, int64_t V, int64_t K);
 // builds that crash on C++ errors).
 enum class ComponentsWay { kByRule, kFused, kPerComponent };
 ComponentsWay components_way_setting();
+
+// ---- log_lik_regression (See Note [Regression fusion]).
+
+// Threads per block of the fused regression kernels: each owns `cols`
+// consecutive columns of the block's tile of kRegressionThreads * cols.
+constexpr int kRegressionThreads = 256;
+
+// The largest P the fused kernels take; above it the entry points compute
+// X W + bias by a matmul and run log_lik's per-sample kernels.
+template <typename scalar_t>
+constexpr int64_t regression_max_fused_p() {
+  return std::is_same_v<scalar_t, float> ? 64 : 32;
+}
+
+// Counts a thread holds per batch of rows: rows per batch = this / cols
+// (16 bytes of float32 counts in flight per thread and batch).
+constexpr int kRegressionBatchCounts = 16;
+
+// f(cols, max_p, rows) as integral constants for P <= regression_max_fused_p:
+// max_p, P rounded up (W's tile holds max_p rows, padded with zeros), and
+// cols, so that a thread's dW accumulators (cols x max_p) stay at 64 registers
+// or fewer. One instantiation per case.
+template <typename scalar_t, typename F>
+void with_regression_shape(int64_t P, F&& f) {
+  auto call = [&](auto cols, auto max_p) {
+    f(cols, max_p, std::integral_constant<int, kRegressionBatchCounts / decltype(cols)::value>{});
+  };
+  using I1 = std::integral_constant<int, 1>;
+  using I2 = std::integral_constant<int, 2>;
+  using I4 = std::integral_constant<int, 4>;
+  using P8 = std::integral_constant<int, 8>;
+  using P16 = std::integral_constant<int, 16>;
+  using P32 = std::integral_constant<int, 32>;
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    if (P <= 8) return call(I4{}, P8{});
+    if (P <= 16) return call(I4{}, P16{});
+    if (P <= 32) return call(I2{}, P32{});
+    return call(I1{}, std::integral_constant<int, 64>{});
+  } else {
+    if (P <= 8) return call(I2{}, P8{});
+    if (P <= 16) return call(I1{}, P16{});
+    return call(I1{}, P32{});
+  }
+}
+
+// Row groups (grid x) of the fused kernels over `tiles` column tiles (grid
+// y): one wave of resident blocks (See Note [One wave]), no group shorter
+// than a batch of rows. A function of the shape and the device only, so the
+// backward's dW partials keep one order (See Note [Determinism]).
+inline int64_t regression_row_groups(int64_t B, int64_t tiles, int rows_per_batch, int64_t wave) {
+  const int64_t by_rows = (B + rows_per_batch - 1) / rows_per_batch;
+  return std::max<int64_t>(1, std::min(by_rows, wave / std::max<int64_t>(tiles, 1)));
+}
 
 }  // namespace cuda
 }  // namespace dirmult

@@ -14,4 +14,6 @@ STABLE_TORCH_LIBRARY_IMPL(dirmult, CUDA, m) {
   m.impl("tpoch_terms", DM_BOX(&dirmult::cuda::tpoch_terms_cuda));
   m.impl("log_lik_csr", DM_BOX(&dirmult::cuda::log_lik_csr_cuda));
   m.impl("log_lik_csr_backward", DM_BOX(&dirmult::cuda::log_lik_csr_backward_cuda));
+  m.impl("log_lik_regression", DM_BOX(&dirmult::cuda::log_lik_regression_cuda));
+  m.impl("log_lik_regression_backward", DM_BOX(&dirmult::cuda::log_lik_regression_backward_cuda));
 }

@@ -15,6 +15,10 @@ log-likelihood with respect to log_alpha):
   output; for forward+backward also the incoming gradient and the gradient
   written) divided by the copy bandwidth measured in this run.
 
+With --regression [P] it also times the DM regression, log_lik_regression
+with P covariates (default 16), against X @ W + bias followed by log_lik
+and the eager reference (regression_cases; floor: counts and X read once).
+
 With --sparse it times CSR counts instead (sparse_cases: a prepared
 SparseCounts against the CSR floor, the hand-written PyTorch over the
 nonzeros and the dense op on the densified matrix where it fits; with
@@ -51,6 +55,7 @@ from .. import CUDA_KERNELS
 from . import peers
 from .cases import COMPONENTS_SHAPE, DEFAULT_SHAPES, make_counts, make_log_alpha, parse_bxv, parse_shapes
 from .measure import bench_case, bench_components, bench_small, err_text, free
+from .regression_cases import REGRESSION_SHAPE, bench_regression
 from .report import environment, evaluate_targets, report, sanity_problems, to_json
 from .sparse_cases import SPARSE_SHAPES, bench_sparse
 from .timing import TIMINGS, Timer
@@ -80,6 +85,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "against K separate log_lik calls")
     p.add_argument("--components-shape", type=_bxv, default=None, metavar="BxV",
                    help="shape for --components (default 65536x1024 on CUDA, 4096x1024 on CPU)")
+    p.add_argument("--regression", nargs="?", type=int, const=16, default=None, metavar="P",
+                   help="also time log_lik_regression with P covariates (default 16) against "
+                        "X @ W + bias then log_lik, and the eager reference")
+    p.add_argument("--regression-shape", type=_bxv, default=None, metavar="BxV",
+                   help="shape for --regression (default 65536x1024 on CUDA, 4096x1024 on CPU)")
     p.add_argument("--sparse", action="store_true",
                    help="time CSR counts (SparseCounts): 16384x16384 at 1%%, 200000x30000 at "
                         "3%% (and K=16 components there), 1000000x50000 at 0.2%% on CUDA, "
@@ -161,6 +171,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         p.error(f"--shapes: {e}")
     if args.components is not None and args.components < 1:
         p.error("--components K needs K >= 1")
+    if args.regression is not None and args.regression < 1:
+        p.error("--regression P needs P >= 1")
 
     timer_kw = timer_settings(device, args.quick)
     if args.min_time is not None:
@@ -228,6 +240,17 @@ def main(argv: Optional[List[str]] = None) -> int:
             failed.append({"name": "components", "shape": f"{B}x{V}, K={args.components}",
                            "error": err_text(e)})
 
+    regression = None
+    if args.regression is not None:
+        B, V = args.regression_shape or REGRESSION_SHAPE[kind]
+        log(f"regression {B}x{V}, P={args.regression}")
+        try:
+            regression = bench_regression(B, V, args.regression, g, device, timer, bw, log)
+        except Exception as e:  # noqa: BLE001
+            traceback.print_exc()
+            failed.append({"name": "regression", "shape": f"{B}x{V}, P={args.regression}",
+                           "error": err_text(e)})
+
     sparse = None
     if args.sparse:
         sparse = bench_sparse(SPARSE_SHAPES[kind], g, device, timer, bw, log)
@@ -240,6 +263,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         "failed": failed,
         "small": small,
         "components": components,
+        "regression": regression,
         "sparse": sparse,
         "targets": evaluate_targets({r["name"]: r for r in rows}, small, device, sparse),
         "compile_note": ("--quick: torch.compile(dynamic=True), one graph for all shapes"

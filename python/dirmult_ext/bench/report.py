@@ -14,6 +14,7 @@ import torch
 
 from .. import __version__, build_info
 from .measure import median
+from .regression_cases import regression_table
 from .timing import Timer
 
 
@@ -94,6 +95,9 @@ def sanity_problems(result: dict) -> List[str]:
     comp = result.get("components")
     if comp and not comp["err_fwd"] < 1e-5:
         bad.append(f"components: err fwd {comp['err_fwd']:.1e}")
+    reg = result.get("regression")
+    if reg and not (reg["err_fwd"] < 1e-5 and reg["err_grad"] < 1e-4):
+        bad.append(f"regression: err fwd {reg['err_fwd']:.1e}, err grad {reg['err_grad']:.1e}")
     bad += [f"{f['name']} ({f['shape']}) raised {f['error']}" for f in result["failed"]]
     for r in result.get("sparse") or []:
         if r.get("error"):
@@ -341,6 +345,17 @@ def report(result: dict, markdown: bool) -> str:
         out.append(f"{b}components: fused is {comp['speedup_fwd_vs_separate']:.2f}x (fwd), "
                    f"{comp['speedup_fwdbwd_vs_separate']:.2f}x (fwd+bwd) faster than "
                    f"{comp['K']} separate log_lik calls")
+    reg = result.get("regression")
+    if reg:
+        out.append("")
+        out.append(regression_table(reg, markdown))
+        if markdown:
+            out.append("")
+        out.append(f"{b}regression: fused forward {reg['ratio_fwd_floor']:.2f}x the floor "
+                   f"(target 1.5x), forward+backward {reg['ratio_fwdbwd_floor']:.2f}x (target "
+                   f"3x); {reg['speedup_fwd_vs_unfused']:.2f}x (fwd), "
+                   f"{reg['speedup_fwdbwd_vs_unfused']:.2f}x (fwd+bwd) faster than X @ W + "
+                   "bias then log_lik; floor: counts and X read once")
     small = result.get("small")
     seed = next((r for r in result["shapes"] if r["name"] == "seed"), None)
     out.append("")
