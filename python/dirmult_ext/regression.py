@@ -73,7 +73,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .api import log_lik
+from .regression_api import log_lik_regression
 
 __all__ = ["fit_regression", "DMRegressionFit", "DirichletMultinomialRegression",
            "MAX_EXACT_SE_PARAMS"]
@@ -100,10 +100,7 @@ def _rows_log_lik(counts: Tensor, X: Tensor, W: Tensor, bias: Optional[Tensor],
     """Per-row DM log-likelihood (B,) with log alpha = X @ W + bias;
     differentiable with respect to X, W and bias. The one place the
     regression computes the likelihood."""
-    eta = X @ W
-    if bias is not None:
-        eta = eta + bias
-    return log_lik(counts, eta, normalize=normalize)
+    return log_lik_regression(counts, X, W, bias, normalize=normalize)
 
 
 # ---------------------------------------------------------------------------
