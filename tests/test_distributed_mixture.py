@@ -3,6 +3,8 @@ single-process fit_mixture of the concatenated rows from the same seed
 (parameters equal up to the order of floating-point summation)."""
 import math
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -11,10 +13,14 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+import dirmult_ext
 from dirmult_ext.fit import fit
 from dirmult_ext.mixture import fit_mixture, random_responsibilities
 from reference import separated_mixture
 
+PKG_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(dirmult_ext.__file__)))
+SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts", "gpu",
+                      "multigpu_fit_check.sh")
 SPLIT = 137            # rank 0 holds rows [0, 137), rank 1 the rest: uneven shards
 MIX = dict(n_init=2, n_screen=4, screen_iter=2, seed=7, tol=1e-10)
 LONG = dict(n_init=1, n_screen=0, seed=7, tol=1e-10)   # k=4 on 3 clusters: ~50 iterations
@@ -143,3 +149,17 @@ def test_requires_process_group():
     from dirmult_ext.distributed_mixture import fit_mixture_distributed
     with pytest.raises(RuntimeError, match="process group"):
         fit_mixture_distributed(torch.ones(3, 2), 2)
+
+
+@pytest.mark.skipif(not os.path.exists(SCRIPT), reason="run from a source checkout")
+def test_multigpu_script_on_cpu():
+    """scripts/gpu/multigpu_fit_check.sh end to end on the CPU at a tiny size:
+    the DM and the 10-component mixture, 1 process against 2 under torchrun."""
+    env = dict(os.environ, PY=sys.executable, MULTIGPU_DEVICE="cpu", MULTIGPU_ROWS="600",
+               MULTIGPU_COLS="40",
+               PYTHONPATH=PKG_PARENT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.run(["bash", SCRIPT], env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    for name in ("dm", "mixture"):
+        assert f"{name}: 2-process fit matches the 1-process fit" in p.stdout, p.stdout
+        assert f"{name}: time per iteration" in p.stdout and "speedup" in p.stdout
