@@ -42,7 +42,15 @@ from torch import Tensor
 from .fit import DMFit, _as_counts, _as_weights, _check_common, _fit_rows, _Rows
 from .sparse import SparseCounts, as_sparse_counts, is_sparse_input
 
-__all__ = ["fit_distributed", "shard_rows", "main"]
+__all__ = ["fit_distributed", "fit_mixture_distributed", "shard_rows", "main"]
+
+
+def __getattr__(name):
+    # distributed_mixture imports this module's reducer: loaded on first use
+    if name == "fit_mixture_distributed":
+        from .distributed_mixture import fit_mixture_distributed
+        return fit_mixture_distributed
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _all_reduce_sum(group):
