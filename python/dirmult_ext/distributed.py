@@ -146,7 +146,7 @@ def _fit_one_main(args, local, device, rank, world, backend) -> None:
             print(f"saved {args.out}")
 
 
-def _fit_mixture_main(args, local, device, rank, world, backend) -> None:
+def _fit_mixture_main(args, local, n_rows, device, rank, world, backend) -> None:
     from .distributed_mixture import fit_mixture_distributed
     t0 = time.perf_counter()
     m = fit_mixture_distributed(local, args.k, n_init=args.n_init, n_screen=args.n_screen,
@@ -156,7 +156,8 @@ def _fit_mixture_main(args, local, device, rank, world, backend) -> None:
                                 batch_size=args.batch_size, device=device, progress=None)
     fit_s = time.perf_counter() - t0
     if rank == 0:
-        print(f"world size {world} ({backend}), {local.shape[1]} categories, k={args.k}: "
+        print(f"world size {world} ({backend}), {n_rows} rows x {local.shape[1]} categories, "
+              f"k={args.k}: "
               f"log-likelihood {m.log_lik:.6f}, {m.n_iter} EM iterations "
               f"({m.iter_s * 1e3:.1f} ms each), converged={m.converged}, fit {fit_s:.3f} s")
         if args.out:
@@ -222,19 +223,22 @@ def main(argv=None) -> int:
         rank, world = dist.get_rank(), dist.get_world_size()
         if args.synthetic:
             full = _synthetic(args.rows, args.cols, args.seed)
+            n_rows = full.shape[0]
             local = full[shard_rows(full.shape[0], rank, world)]
         elif args.file.endswith(".npy"):
             mm = np.load(args.file, mmap_mode="r", allow_pickle=False)
             if mm.ndim != 2:
                 raise ValueError(f"{args.file}: expected a 2-D matrix, got shape {mm.shape}")
+            n_rows = mm.shape[0]
             local = torch.from_numpy(np.array(mm[shard_rows(mm.shape[0], rank, world)],
                                               dtype=np.float32))
         else:
             from .io import load_counts
             full = load_counts(args.file)  # (a sparse file stays sparse: its rows' nonzeros)
+            n_rows = full.shape[0]
             local = full[shard_rows(full.shape[0], rank, world)]
         if args.k is not None:
-            _fit_mixture_main(args, local, device, rank, world, backend)
+            _fit_mixture_main(args, local, n_rows, device, rank, world, backend)
         else:
             _fit_one_main(args, local, device, rank, world, backend)
     finally:

@@ -6,7 +6,8 @@
 # `python -m dirmult_ext.distributed FILE` as one process (world size 1) and
 # under torchrun over two ranks (NCCL, each rank holding half of the rows).
 # Prints the log-likelihood relative difference, the largest parameter
-# difference, the time per iteration on 1 and 2 GPUs and the speedup; exits 1
+# difference, the time per iteration on 1 and 2 GPUs (a mixture's: its EM
+# iterations alone, 20 from one random start) and the speedup; exits 1
 # when the fits disagree beyond the tolerances below (float64 statistics
 # summed in another order move the result by far less). With fewer than two
 # GPUs it says so and exits 0 without running. Run by scripts/gpu/gpu_check.sh.
@@ -14,6 +15,7 @@
 # Environment (defaults in brackets):
 #   MULTIGPU_ROWS [1000000], MULTIGPU_COLS [50000]  matrix size
 #   MULTIGPU_DEVICE [cuda]   cpu: run on the CPU (gloo), whatever the GPUs, to try the script
+#                            (one thread per process, so the speedup is of 2 cores over 1)
 #   MULTIGPU_PARTS ["dm mixture"]  which fits to compare
 #   MULTIGPU_LL_RTOL [1e-11], MULTIGPU_PARAM_ATOL [1e-7]  tolerances: log-likelihood
 #                            relative difference, largest |log alpha| (and mixture weight) difference
