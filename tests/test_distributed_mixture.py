@@ -44,7 +44,8 @@ def _worker(rank, world, init_file, data_file, out_dir):
         sl = slice(0, SPLIT) if rank == 0 else slice(SPLIT, None)
         out = {"dense": _result(fmd(x[sl], 3, **MIX))}
         csr = scipy.sparse.csr_matrix(x.numpy())
-        out["sparse"] = _result(fmd(csr[sl], 3, **MIX))
+        out["sparse"] = _result(fmd(csr[sl], 3, batch_size=64, **MIX))   # (streamed)
+        out["seedless"] = _result(fmd(x[sl], 2, n_init=1, n_screen=0, seed=None))
         out["long"] = _result(fmd(x[sl], 4, **LONG))
         out["prior"] = _result(fmd(x[sl], 2, n_init=1, prior="dmn", seed=3))
         # rank 1 holds no rows at all
@@ -104,6 +105,12 @@ def test_two_ranks_equal_fit_mixture(two_ranks, case):
         _assert_same_fit(res[r][case], ref, shard)
     # both ranks took identical steps: bit-identical parameters
     assert torch.equal(res[0][case]["log_alpha"], res[1][case]["log_alpha"])
+
+
+def test_seed_none_is_drawn_once_for_all_ranks(two_ranks):
+    _, res = two_ranks
+    assert torch.equal(res[0]["seedless"]["log_alpha"], res[1]["seedless"]["log_alpha"])
+    assert res[0]["seedless"]["log_lik"] == res[1]["seedless"]["log_lik"]
 
 
 def test_prior_and_empty_shard(two_ranks):
