@@ -45,6 +45,14 @@ def _worker(rank, world, init_file, data_file, out_dir):
         out = {"dense": _result(fmd(x[sl], 3, **MIX))}
         csr = scipy.sparse.csr_matrix(x.numpy())
         out["sparse"] = _result(fmd(csr[sl], 3, batch_size=64, **MIX))   # (streamed)
+        out["kmeans"] = _result(fmd(x[sl], 3, init="kmeans++", **MIX))
+        out["kmeans_sparse"] = _result(fmd(csr[sl], 3, init="kmeans++", **MIX))
+        # k-means++ on a sample of 100 rows: the same fit on 2 ranks as on 1
+        out["sampled"] = _result(fmd(x[sl], 3, init="kmeans++", kmeans_sample=100, **MIX))
+        solo = dist.new_group([0])
+        if rank == 0:
+            out["sampled_one_rank"] = _result(fmd(x, 3, init="kmeans++", kmeans_sample=100,
+                                                  group=solo, **MIX))
         out["seedless"] = _result(fmd(x[sl], 2, n_init=1, n_screen=0, seed=None))
         out["long"] = _result(fmd(x[sl], 4, **LONG))
         out["prior"] = _result(fmd(x[sl], 2, n_init=1, prior="dmn", seed=3))
@@ -56,7 +64,7 @@ def _worker(rank, world, init_file, data_file, out_dir):
         errors = {}
         for name, kw in {"k": dict(k=0 if rank == 1 else 2),
                          "k_differs": dict(k=2 + rank),
-                         "init": dict(k=2, init="kmeans++" if rank == 0 else "random"),
+                         "init": dict(k=2, init="spectral" if rank == 0 else "random"),
                          "columns": dict(k=2, local_counts=x[sl, :5 + rank])}.items():
             kw.setdefault("local_counts", x[sl])
             try:
@@ -107,6 +115,24 @@ def test_two_ranks_equal_fit_mixture(two_ranks, case):
     assert torch.equal(res[0][case]["log_alpha"], res[1][case]["log_alpha"])
 
 
+@pytest.mark.parametrize("case", ["kmeans", "kmeans_sparse"])
+def test_kmeanspp_on_every_row_is_fit_mixtures(two_ranks, case):
+    x, res = two_ranks
+    ref = fit_mixture(x if case == "kmeans" else scipy.sparse.csr_matrix(x.numpy()), 3,
+                      init="kmeans++", **MIX)
+    for r, shard in enumerate([slice(0, SPLIT), slice(SPLIT, None)]):
+        _assert_same_fit(res[r][case], ref, shard)
+
+
+def test_kmeanspp_on_a_sample_does_not_depend_on_the_world_size(two_ranks):
+    _, res = two_ranks
+    one, two = res[0]["sampled_one_rank"], res[0]["sampled"]
+    assert abs(one["log_lik"] - two["log_lik"]) <= 1e-10 * abs(one["log_lik"])
+    torch.testing.assert_close(two["log_alpha"], one["log_alpha"], rtol=0, atol=1e-7)
+    torch.testing.assert_close(two["R"], one["R"][:SPLIT], rtol=0, atol=1e-7)
+    torch.testing.assert_close(res[1]["sampled"]["R"], one["R"][SPLIT:], rtol=0, atol=1e-7)
+
+
 def test_seed_none_is_drawn_once_for_all_ranks(two_ranks):
     _, res = two_ranks
     assert torch.equal(res[0]["seedless"]["log_alpha"], res[1]["seedless"]["log_alpha"])
@@ -140,7 +166,7 @@ def test_bad_argument_on_one_rank_raises_on_all(two_ranks):
     for e in (e0, e1):
         assert "k must be the same on every rank" in e["k_differs"]
         assert "number of categories" in e["columns"] and "same on every rank" in e["columns"]
-    assert "init must be 'random'" in e0["init"] and "rank 0" in e1["init"]
+    assert "init must be 'kmeans++' or 'random'" in e0["init"] and "rank 0" in e1["init"]
 
 
 def test_random_starts_depend_on_the_row_only():

@@ -151,6 +151,7 @@ def _fit_mixture_main(args, local, n_rows, device, rank, world, backend) -> None
     t0 = time.perf_counter()
     m = fit_mixture_distributed(local, args.k, n_init=args.n_init, n_screen=args.n_screen,
                                 init=args.init, seed=args.seed,
+                                kmeans_sample=args.kmeans_sample,
                                 tol=1e-6 if args.tol is None else args.tol,
                                 max_iter=200 if args.max_iter is None else args.max_iter,
                                 batch_size=args.batch_size, device=device, progress=None)
@@ -185,8 +186,11 @@ def main(argv=None) -> int:
     p.add_argument("--n-screen", type=int, default=20,
                    help="mixture: short runs the starts are the best of (default 20; "
                    "at most --n-init: no screening)")
-    p.add_argument("--init", choices=["random"], default="random",
-                   help="mixture: starting responsibilities, drawn per row from --seed")
+    p.add_argument("--init", choices=["random", "kmeans++"], default="random",
+                   help="mixture: starts from responsibilities drawn per row from --seed "
+                   "(default), or k-means++ seeds among --kmeans-sample rows")
+    p.add_argument("--kmeans-sample", type=int, default=20000,
+                   help="mixture: rows gathered to every rank for k-means++ (default 20000)")
     p.add_argument("--method", choices=["newton", "fixed_point"], default="newton")
     p.add_argument("--tol", type=float, default=None,
                    help="relative log-likelihood change to stop at (default 1e-8; mixture 1e-6)")

@@ -23,8 +23,8 @@ from torch import Tensor
 from .criteria import resolve_prior
 from .distributed import _all_reduce_sum
 from .fit import _Rows, _as_counts, _default_progress, _prepass
-from .mixture import (DMMixture, _best_run, _check_mixture_args, _mixture_result,
-                      random_responsibilities)
+from .mixture import (DMMixture, _best_run, _check_mixture_args, _kmeanspp_centers,
+                      _mixture_result, _nearest_resp, random_responsibilities)
 from .sparse import SparseCounts, as_sparse_counts, is_sparse_input
 
 __all__ = ["fit_mixture_distributed"]
@@ -68,9 +68,48 @@ def _same_everywhere(named: dict, group) -> None:
             raise ValueError(f"{name} must be the same on every rank; this rank has {v!r}")
 
 
+def _gathered_sample(counts, offset: int, B: int, m: int, seed: int, group):
+    """The rows at ``m`` global indices drawn from ``seed`` (every row when
+    B <= m), in index order, gathered from their ranks to every rank (on
+    the CPU; sparse counts as SparseCounts, dense as a tensor)."""
+    if B <= m:
+        idx = np.arange(B)
+    else:
+        rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([int(seed), 2 ** 32])))
+        idx = np.sort(rng.choice(B, m, replace=False))
+    lo, hi = offset, offset + counts.shape[0]
+    mine = torch.from_numpy(idx[(idx >= lo) & (idx < hi)] - lo)
+    parts = [None] * dist.get_world_size(group)
+    if isinstance(counts, SparseCounts):
+        sel = counts[mine.to(counts.device)].to("cpu")
+        dist.all_gather_object(parts, (sel.crow_indices.long(), sel.col_indices.long(),
+                                       sel.values), group=group)
+        crows, base = [torch.zeros(1, dtype=torch.int64)], 0
+        for crow, _, _ in parts:
+            crows.append(crow[1:] + base)
+            base += int(crow[-1])
+        return SparseCounts(torch.cat(crows), torch.cat([c for _, c, _ in parts]),
+                            torch.cat([v for _, _, v in parts]), (len(idx), counts.shape[1]),
+                            validate=False, count_dtype=counts.count_dtype)
+    dist.all_gather_object(parts, counts[mine.to(counts.device)].cpu(), group=group)
+    return torch.cat(parts)
+
+
+def _kmeanspp_on_sample(rows: _Rows, sample, k: int, seed: int, dev):
+    """start(i) of the k-means++ starts: seeds among the sample's rows (the
+    same on every rank: one generator from the seed, advanced start after
+    start as fit_mixture's), each rank's rows given to the nearest seed."""
+    srows = _Rows(sample, None, dev, rows.batch_size if rows.batch_size < rows.B else None)
+    _prepass(srows, check=False)
+    gen = torch.Generator()
+    gen.manual_seed(seed)
+    return lambda i: _nearest_resp(rows, _kmeanspp_centers(srows, k, gen))
+
+
 def fit_mixture_distributed(local_counts, k: int, *, n_init: int = 3, n_screen: int = 20,
                             screen_iter: int = 10, max_iter: int = 200, tol: float = 1e-6,
                             seed: Optional[int] = None, init: str = "random",
+                            kmeans_sample: int = 20000,
                             m_steps: int = 2, batch_size: Optional[int] = None,
                             min_alpha: float = 1e-6, prior=None,
                             progress: Optional[bool] = False, device=None,
@@ -83,11 +122,14 @@ def fit_mixture_distributed(local_counts, k: int, *, n_init: int = 3, n_screen: 
     :func:`~dirmult_ext.mixture.fit_mixture` and equal on every rank. The
     process group must already be initialized.
 
-    ``init`` is ``"random"`` only: Dirichlet(1) responsibilities drawn per
-    global row (:func:`~dirmult_ext.mixture.random_responsibilities`), so
-    the start depends on the seed and not on the world size, and equals
-    ``fit_mixture(..., init="random", seed=seed)``'s. ``seed=None``: rank 0
-    draws one for all. Restarts and screening as in ``fit_mixture``.
+    The starts depend on the seed, not on the world size. ``init="random"``
+    (default): Dirichlet(1) responsibilities drawn per global row
+    (:func:`~dirmult_ext.mixture.random_responsibilities`), as
+    ``fit_mixture(..., init="random", seed=seed)``'s. ``"kmeans++"``: the
+    seeds among ``kmeans_sample`` rows drawn from the seed and gathered to
+    every rank (all rows when there are no more: then as ``fit_mixture``'s),
+    every row given to the nearest seed. ``seed=None``: rank 0 draws one for
+    all. Restarts and screening as in ``fit_mixture``.
 
     Returns the same :class:`~dirmult_ext.mixture.DMMixture` on every rank
     except ``responsibilities``, which are this rank's rows'. A bad argument
@@ -101,9 +143,9 @@ def fit_mixture_distributed(local_counts, k: int, *, n_init: int = 3, n_screen: 
     try:
         _check_mixture_args(k, n_init, n_screen, screen_iter, init, m_steps, tol, max_iter,
                             min_alpha)
-        if init != "random":
-            raise ValueError(f"init must be 'random' for the distributed fit (k-means++ "
-                             f"needs every row), got {init!r}")
+        if isinstance(kmeans_sample, bool) or not isinstance(kmeans_sample, int) \
+                or kmeans_sample < 1:
+            raise ValueError(f"kmeans_sample must be a positive integer, got {kmeans_sample!r}")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))
                                  or seed < 0):
             raise ValueError(f"seed must be a non-negative integer or None, got {seed!r}")
@@ -126,7 +168,8 @@ def fit_mixture_distributed(local_counts, k: int, *, n_init: int = 3, n_screen: 
     _same_everywhere({"the number of categories (columns)": V, "k": k, "n_init": n_init,
                       "n_screen": n_screen, "screen_iter": screen_iter, "max_iter": max_iter,
                       "m_steps": m_steps, "tol": float(tol), "min_alpha": float(min_alpha),
-                      "seed": -1 if seed is None else seed}, group)
+                      "seed": -1 if seed is None else seed, "kmeans_sample": kmeans_sample,
+                      "init (0: random, 1: kmeans++)": int(init == "kmeans++")}, group)
     cdev = _collective_device(group)
     sizes = [torch.zeros(1, dtype=torch.int64, device=cdev)
              for _ in range(dist.get_world_size(group))]
@@ -153,9 +196,15 @@ def fit_mixture_distributed(local_counts, k: int, *, n_init: int = 3, n_screen: 
         from tqdm.auto import tqdm
         bar = tqdm(total=n_init * max_iter, desc="fit_mixture_distributed", file=sys.stderr,
                    leave=False)
+    if init == "kmeans++":
+        start = _kmeanspp_on_sample(rows, _gathered_sample(counts, offset, B, kmeans_sample,
+                                                           seed, group), k, seed, dev)
+    else:
+        def start(i):
+            return random_responsibilities(offset, offset + rows.B, k, seed, i, dev)
     try:
         best, finals = _best_run(
-            rows, k, lambda i: random_responsibilities(offset, offset + rows.B, k, seed, i, dev),
+            rows, k, start,
             n_init=n_init, n_screen=n_screen, screen_iter=screen_iter, bar=bar, reduce=reduce,
             max_iter=max_iter, tol=tol, m_steps=m_steps, min_alpha=min_alpha, prior=prior)
     finally:

@@ -169,26 +169,25 @@ class DMMixture:
         return self.joint_log_lik(counts, device).argmax(-1)
 
 
-def _kmeanspp(rows: _Rows, k: int, gen: torch.Generator) -> Tensor:
-    """k-means++ seeding on the row proportions n / N (rows with N > 0);
-    returns one-hot responsibilities to the nearest seed, softened
-    (0.9 on the seed's component, the rest spread), (B, K) float64."""
-    dev = rows.device
-    B = rows.B
+def _row_props(rows: _Rows, s: int, e: int):
+    """Proportions n / N of rows [s, e) on the device (SparseCounts for
+    sparse rows: distances from the nonzeros)."""
+    if isinstance(rows.counts, SparseCounts):
+        return rows.counts[s:e].to(rows.device).proportions(rows.N[s:e])
+    c = rows.counts[s:e].to(rows.device, torch.float64)
+    return c / rows.N[s:e].clamp_min(1e-300).unsqueeze(-1)
 
-    sparse_rows = isinstance(rows.counts, SparseCounts)  # (distances from the nonzeros)
 
-    def props(s, e):
-        if sparse_rows:
-            return rows.counts[s:e].to(dev).proportions(rows.N[s:e])
-        c = rows.counts[s:e].to(dev, torch.float64)
-        return c / rows.N[s:e].clamp_min(1e-300).unsqueeze(-1)
+def _kmeanspp_centers(rows: _Rows, k: int, gen: torch.Generator) -> Tensor:
+    """k-means++ seeds among the row proportions n / N (rows with N > 0),
+    (k, V) float64 dense."""
+    dev, B, bs = rows.device, rows.B, rows.batch_size
+    sparse_rows = isinstance(rows.counts, SparseCounts)
 
     def seed_props(s):
-        x = props(s, s + 1)
+        x = _row_props(rows, s, s + 1)
         return x.to_dense() if sparse_rows else x
 
-    bs = rows.batch_size
     valid = (rows.N > 0).to(torch.float64)
     if float(valid.sum()) == 0:
         raise ValueError("every row of counts sums to 0: nothing to cluster")
@@ -197,7 +196,7 @@ def _kmeanspp(rows: _Rows, k: int, gen: torch.Generator) -> Tensor:
     d2 = torch.full((B,), float("inf"), dtype=torch.float64, device=dev)
     for _ in range(1, k):
         for s in range(0, B, bs):
-            x = props(s, s + bs)
+            x = _row_props(rows, s, s + bs)
             dist = (sq_distances(x, centers[-1:])[:, 0] if sparse_rows
                     else ((x - centers[-1]) ** 2).sum(-1))
             d2[s:s + bs] = torch.minimum(d2[s:s + bs], dist)
@@ -205,12 +204,27 @@ def _kmeanspp(rows: _Rows, k: int, gen: torch.Generator) -> Tensor:
         p = p if float(p.sum()) > 0 else valid
         nxt = int(torch.multinomial(p.cpu(), 1, generator=gen))
         centers = torch.cat([centers, seed_props(nxt)])
-    R = torch.empty(B, k, dtype=torch.float64, device=dev)
-    for s in range(0, B, bs):
-        x = props(s, s + bs)
-        nearest = (sq_distances(x, centers) if sparse_rows else torch.cdist(x, centers)).argmin(-1)
+    return centers
+
+
+def _nearest_resp(rows: _Rows, centers: Tensor) -> Tensor:
+    """One-hot responsibilities to the nearest center, softened (0.9 on the
+    center's component, the rest spread), (B, K) float64."""
+    k, bs = centers.shape[0], rows.batch_size
+    centers = centers.to(rows.device)
+    R = torch.empty(rows.B, k, dtype=torch.float64, device=rows.device)
+    for s in range(0, rows.B, bs):
+        x = _row_props(rows, s, s + bs)
+        nearest = (sq_distances(x, centers) if isinstance(rows.counts, SparseCounts)
+                   else torch.cdist(x, centers)).argmin(-1)
         R[s:s + bs] = torch.nn.functional.one_hot(nearest, k).to(torch.float64)
     return 0.9 * R + 0.1 / k if k > 1 else R
+
+
+def _kmeanspp(rows: _Rows, k: int, gen: torch.Generator) -> Tensor:
+    """k-means++ seeding on the row proportions; the responsibilities of
+    :func:`_nearest_resp`."""
+    return _nearest_resp(rows, _kmeanspp_centers(rows, k, gen))
 
 
 _RESP_BLOCK = 4096      # rows per generator of the random starts
