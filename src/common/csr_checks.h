@@ -1,8 +1,5 @@
 // Argument checks of the CSR ops (dirmult::log_lik_csr and its backward)
-// that read no data, the forward's output shape, and the entry points'
-// preamble (CsrArgs, CsrBackwardArgs: checks, device guard, contiguous
-// inputs, sizes), written once for both backends: the backstop for direct
-// torch.ops.dirmult.* callers.
+// that read no data, and the forward's output shape: the backstop for direct torch.ops.dirmult.* callers.
 // The Python wrappers (python/dirmult_ext/sparse.py) run the same checks
 // first, and with validate=True those that read the indices. The kernels
 // never read out of bounds whatever the indices hold. See Note [CSR inputs].
@@ -67,67 +64,5 @@ inline void check_csr_backward_parts(const Tensor& grad, const Tensor& crow, con
   check_same_device(crow, "crow_indices", csc_ptr, "csc_ptr");
   check_same_device(crow, "crow_indices", csc_val, "csc_values");
 }
-
-// Where the entry point needs no device selected (the CPU).
-struct NoDeviceGuard {
-  explicit NoDeviceGuard(const Tensor&) {}
-};
-
-// log_alpha's components: 1 for (V,), K for (K, V).
-inline int64_t csr_components(const Tensor& log_alpha) {
-  return log_alpha.dim() == 1 ? 1 : log_alpha.size(0);
-}
-
-// log_lik_csr's arguments: checked (check_csr_parts), then Guard (on CUDA a
-// DeviceGuard on log_alpha's device) alive for the call, then the parts
-// made contiguous and the sizes: B rows, nnz stored values, K components,
-// V categories. Members are initialized in that order.
-template <typename Guard>
-struct CsrArgs {
-  bool checked;
-  Guard guard;
-  Tensor crow, col, val, log_alpha;  // contiguous
-  int64_t B, nnz, K, V;
-
-  CsrArgs(const Tensor& crow_, const Tensor& col_, const Tensor& val_, const Tensor& log_alpha_)
-      : checked((check_csr_parts(crow_, col_, val_, log_alpha_), true)),
-        guard(log_alpha_),
-        crow(as_contiguous(crow_)),
-        col(as_contiguous(col_)),
-        val(as_contiguous(val_)),
-        log_alpha(as_contiguous(log_alpha_)),
-        B(crow.numel() - 1),
-        nnz(val.numel()),
-        K(csr_components(log_alpha)),
-        V(log_alpha.size(log_alpha.dim() - 1)) {}
-};
-
-// log_lik_csr_backward's arguments (check_csr_backward_parts), as CsrArgs.
-template <typename Guard>
-struct CsrBackwardArgs {
-  bool checked;
-  Guard guard;
-  Tensor grad, crow, val, csc_ptr, csc_row, csc_val, log_alpha;  // contiguous
-  int64_t B, nnz, K, V;
-
-  CsrBackwardArgs(const Tensor& grad_, const Tensor& crow_, const Tensor& val_,
-                  const Tensor& csc_ptr_, const Tensor& csc_row_, const Tensor& csc_val_,
-                  const Tensor& log_alpha_)
-      : checked((check_csr_backward_parts(grad_, crow_, val_, csc_ptr_, csc_row_, csc_val_,
-                                          log_alpha_),
-                 true)),
-        guard(log_alpha_),
-        grad(as_contiguous(grad_)),
-        crow(as_contiguous(crow_)),
-        val(as_contiguous(val_)),
-        csc_ptr(as_contiguous(csc_ptr_)),
-        csc_row(as_contiguous(csc_row_)),
-        csc_val(as_contiguous(csc_val_)),
-        log_alpha(as_contiguous(log_alpha_)),
-        B(crow.numel() - 1),
-        nnz(val.numel()),
-        K(csr_components(log_alpha)),
-        V(log_alpha.size(log_alpha.dim() - 1)) {}
-};
 
 }  // namespace dirmult

@@ -20,12 +20,6 @@ namespace dirmult {
 namespace cuda {
 namespace {
 
-// The CSR entry points' device guard: log_alpha's device for the call.
-struct CsrDeviceGuard {
-  torch::stable::accelerator::DeviceGuard guard;
-  explicit CsrDeviceGuard(const Tensor& log_alpha) : guard(log_alpha.get_device_index()) {}
-};
-
 // The prepared concentrations of one call: cols (V, K) and the totals A (K,).
 struct CsrPrep {
   Tensor cols, A;
@@ -53,20 +47,27 @@ CsrPrep prepare_alpha(const Tensor& log_alpha, int64_t K, int64_t V, cudaStream_
 }  // namespace
 
 Tensor log_lik_csr_cuda(Tensor crow, Tensor col, Tensor val, Tensor log_alpha, bool normalize) {
-  const CsrArgs<CsrDeviceGuard> a(crow, col, val, log_alpha);
-  const int64_t B = a.B, K = a.K, V = a.V;
+  check_csr_parts(crow, col, val, log_alpha);
+  torch::stable::accelerator::DeviceGuard guard(log_alpha.get_device_index());
+  crow = as_contiguous(crow);
+  col = as_contiguous(col);
+  val = as_contiguous(val);
+  log_alpha = as_contiguous(log_alpha);
+  const int64_t B = crow.numel() - 1, nnz = val.numel();
+  const int64_t K = log_alpha.dim() == 1 ? 1 : log_alpha.size(0);
+  const int64_t V = log_alpha.size(log_alpha.dim() - 1);
   STD_TORCH_CHECK(K <= 65535, "dirmult: at most 65535 components with CSR counts on CUDA");
-  Tensor out = torch::stable::new_empty(a.log_alpha, csr_out_shape(B, a.log_alpha));
+  Tensor out = torch::stable::new_empty(log_alpha, csr_out_shape(B, log_alpha));
   if (B == 0 || K == 0) return out;
-  const cudaStream_t stream = current_stream(a.log_alpha.get_device_index());
-  DM_DISPATCH_COMPUTE(a.log_alpha.scalar_type(), [&] {
-    const CsrPrep p = prepare_alpha<scalar_t>(a.log_alpha, K, V, stream);
-    DM_DISPATCH_CSR(a.crow.scalar_type(), a.val.scalar_type(), [&] {
+  const cudaStream_t stream = current_stream(log_alpha.get_device_index());
+  DM_DISPATCH_COMPUTE(log_alpha.scalar_type(), [&] {
+    const CsrPrep p = prepare_alpha<scalar_t>(log_alpha, K, V, stream);
+    DM_DISPATCH_CSR(crow.scalar_type(), val.scalar_type(), [&] {
       csr_forward_kernel<scalar_t, value_t, index_t>
           <<<static_cast<unsigned>(ceil_div(B, kCsrRowsPerBlock)), kCsrRowsPerBlock * 32, 0,
-             stream>>>(static_cast<const index_t*>(a.crow.const_data_ptr()),
-                       static_cast<const index_t*>(a.col.const_data_ptr()),
-                       static_cast<const value_t*>(a.val.const_data_ptr()), B, a.nnz, V,
+             stream>>>(static_cast<const index_t*>(crow.const_data_ptr()),
+                       static_cast<const index_t*>(col.const_data_ptr()),
+                       static_cast<const value_t*>(val.const_data_ptr()), B, nnz, V,
                        static_cast<int>(K),
                        static_cast<const CsrColumn<scalar_t>*>(p.cols.const_data_ptr()),
                        static_cast<const double*>(p.A.const_data_ptr()), normalize,
@@ -79,26 +80,36 @@ Tensor log_lik_csr_cuda(Tensor crow, Tensor col, Tensor val, Tensor log_alpha, b
 
 Tensor log_lik_csr_backward_cuda(Tensor grad, Tensor crow, Tensor val, Tensor csc_ptr,
                                  Tensor csc_row, Tensor csc_val, Tensor log_alpha) {
-  const CsrBackwardArgs<CsrDeviceGuard> a(grad, crow, val, csc_ptr, csc_row, csc_val, log_alpha);
-  const int64_t B = a.B, nnz = a.nnz, K = a.K, V = a.V;
+  check_csr_backward_parts(grad, crow, val, csc_ptr, csc_row, csc_val, log_alpha);
+  torch::stable::accelerator::DeviceGuard guard(log_alpha.get_device_index());
+  grad = as_contiguous(grad);
+  crow = as_contiguous(crow);
+  val = as_contiguous(val);
+  csc_ptr = as_contiguous(csc_ptr);
+  csc_row = as_contiguous(csc_row);
+  csc_val = as_contiguous(csc_val);
+  log_alpha = as_contiguous(log_alpha);
+  const int64_t B = crow.numel() - 1, nnz = val.numel();
+  const int64_t K = log_alpha.dim() == 1 ? 1 : log_alpha.size(0);
+  const int64_t V = log_alpha.size(log_alpha.dim() - 1);
   STD_TORCH_CHECK(K <= 65535, "dirmult: at most 65535 components with CSR counts on CUDA");
-  Tensor grad_la = torch::stable::new_empty(a.log_alpha, a.log_alpha.sizes());
+  Tensor grad_la = torch::stable::new_empty(log_alpha, log_alpha.sizes());
   if (K == 0 || V == 0) return grad_la;
-  const cudaStream_t stream = current_stream(a.log_alpha.get_device_index());
+  const cudaStream_t stream = current_stream(log_alpha.get_device_index());
   const int64_t warps = ceil_div(B, kCsrRowsPerWarp);
-  Tensor part = torch::stable::new_empty(a.log_alpha, {std::max<int64_t>(warps * K, 1)},
+  Tensor part = torch::stable::new_empty(log_alpha, {std::max<int64_t>(warps * K, 1)},
                                          ScalarType::Double);
-  Tensor S = torch::stable::new_empty(a.log_alpha, {K}, ScalarType::Double);
-  DM_DISPATCH_COMPUTE(a.log_alpha.scalar_type(), [&] {
-    const CsrPrep p = prepare_alpha<scalar_t>(a.log_alpha, K, V, stream);
-    DM_DISPATCH_CSR(a.crow.scalar_type(), a.val.scalar_type(), [&] {
-      const auto* g = static_cast<const scalar_t*>(a.grad.const_data_ptr());
+  Tensor S = torch::stable::new_empty(log_alpha, {K}, ScalarType::Double);
+  DM_DISPATCH_COMPUTE(log_alpha.scalar_type(), [&] {
+    const CsrPrep p = prepare_alpha<scalar_t>(log_alpha, K, V, stream);
+    DM_DISPATCH_CSR(crow.scalar_type(), val.scalar_type(), [&] {
+      const auto* g = static_cast<const scalar_t*>(grad.const_data_ptr());
       const auto* A = static_cast<const double*>(p.A.const_data_ptr());
       if (warps > 0) {
         csr_row_weights_kernel<scalar_t, value_t, index_t>
             <<<static_cast<unsigned>(ceil_div(warps, kCsrBackwardWarps)), kCsrBackwardWarps * 32,
-               0, stream>>>(g, static_cast<const index_t*>(a.crow.const_data_ptr()),
-                            static_cast<const value_t*>(a.val.const_data_ptr()), B, nnz,
+               0, stream>>>(g, static_cast<const index_t*>(crow.const_data_ptr()),
+                            static_cast<const value_t*>(val.const_data_ptr()), B, nnz,
                             static_cast<int>(K), A, warps,
                             static_cast<double*>(part.mutable_data_ptr()));
         DM_CUDA_CHECK_LAUNCH();
@@ -109,9 +120,9 @@ Tensor log_lik_csr_backward_cuda(Tensor grad, Tensor crow, Tensor val, Tensor cs
       DM_CUDA_CHECK_LAUNCH();
       csr_column_grad_kernel<scalar_t, value_t, index_t>
           <<<static_cast<unsigned>(ceil_div(V, kCsrBackwardWarps)), kCsrBackwardWarps * 32, 0,
-             stream>>>(g, static_cast<const index_t*>(a.csc_ptr.const_data_ptr()),
-                       static_cast<const index_t*>(a.csc_row.const_data_ptr()),
-                       static_cast<const value_t*>(a.csc_val.const_data_ptr()), B, nnz, V,
+             stream>>>(g, static_cast<const index_t*>(csc_ptr.const_data_ptr()),
+                       static_cast<const index_t*>(csc_row.const_data_ptr()),
+                       static_cast<const value_t*>(csc_val.const_data_ptr()), B, nnz, V,
                        static_cast<int>(K),
                        static_cast<const CsrColumn<scalar_t>*>(p.cols.const_data_ptr()),
                        static_cast<const double*>(S.const_data_ptr()),
