@@ -18,7 +18,11 @@ Launch (one process per GPU)::
 
 Each rank reads the file (``.npy`` files are memory-mapped) and keeps rows
 ``[rank * B // world, (rank + 1) * B // world)``. Without torchrun's
-environment it runs as a single process (world size 1).
+environment it runs as a single process (world size 1). With ``--k K`` it
+fits a K-component mixture instead
+(:func:`dirmult_ext.distributed_mixture.fit_mixture_distributed`)::
+
+    torchrun --nproc_per_node=2 -m dirmult_ext.distributed counts.npz --k 10 --n-init 1
 """
 from __future__ import annotations
 
@@ -38,7 +42,15 @@ from torch import Tensor
 from .fit import DMFit, _as_counts, _as_weights, _check_common, _fit_rows, _Rows
 from .sparse import SparseCounts, as_sparse_counts, is_sparse_input
 
-__all__ = ["fit_distributed", "shard_rows", "main"]
+__all__ = ["fit_distributed", "fit_mixture_distributed", "shard_rows", "main"]
+
+
+def __getattr__(name):
+    # distributed_mixture imports this module's reducer: loaded on first use
+    if name == "fit_mixture_distributed":
+        from .distributed_mixture import fit_mixture_distributed
+        return fit_mixture_distributed
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _all_reduce_sum(group):
@@ -116,6 +128,46 @@ def _synthetic(rows: int, cols: int, seed: int) -> Tensor:
     return x
 
 
+def _fit_one_main(args, local, device, rank, world, backend) -> None:
+    t0 = time.perf_counter()
+    r = fit_distributed(local, method=args.method,
+                        tol=1e-8 if args.tol is None else args.tol,
+                        max_iter=500 if args.max_iter is None else args.max_iter,
+                        batch_size=args.batch_size, device=device, progress=None)
+    fit_s = time.perf_counter() - t0  # (r.log_lik is a host float: the device is done)
+    if rank == 0:
+        print(f"world size {world} ({backend}), {r.n_rows} rows x {local.shape[1]} "
+              f"categories: log-likelihood {r.log_lik:.6f}, {r.n_iter} iterations, "
+              f"converged={r.converged}, A={r.precision:.6g}, fit {fit_s:.3f} s")
+        if args.out:
+            np.savez(args.out, alpha=r.alpha.numpy(), log_alpha=r.log_alpha.numpy(),
+                     log_lik=r.log_lik, n_iter=r.n_iter, converged=r.converged,
+                     fit_s=fit_s)
+            print(f"saved {args.out}")
+
+
+def _fit_mixture_main(args, local, n_rows, device, rank, world, backend) -> None:
+    from .distributed_mixture import fit_mixture_distributed
+    t0 = time.perf_counter()
+    m = fit_mixture_distributed(local, args.k, n_init=args.n_init, n_screen=args.n_screen,
+                                init=args.init, seed=args.seed,
+                                kmeans_sample=args.kmeans_sample,
+                                tol=1e-6 if args.tol is None else args.tol,
+                                max_iter=200 if args.max_iter is None else args.max_iter,
+                                batch_size=args.batch_size, device=device, progress=None)
+    fit_s = time.perf_counter() - t0
+    if rank == 0:
+        print(f"world size {world} ({backend}), {n_rows} rows x {local.shape[1]} categories, "
+              f"k={args.k}: "
+              f"log-likelihood {m.log_lik:.6f}, {m.n_iter} EM iterations "
+              f"({m.iter_s * 1e3:.1f} ms each), converged={m.converged}, fit {fit_s:.3f} s")
+        if args.out:
+            np.savez(args.out, weights=m.weights.numpy(), log_alpha=m.log_alpha.numpy(),
+                     log_lik=m.log_lik, n_iter=m.n_iter, converged=m.converged,
+                     fit_s=fit_s, iter_s=m.iter_s)
+            print(f"saved {args.out}")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m dirmult_ext.distributed",
@@ -125,17 +177,35 @@ def main(argv=None) -> int:
                    help="sample a synthetic DM data set (same on every rank) instead")
     p.add_argument("--rows", type=int, default=20000)
     p.add_argument("--cols", type=int, default=50)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0,
+                   help="seeds the synthetic data and the mixture's starts (default 0)")
+    p.add_argument("--k", type=int, default=None,
+                   help="fit a mixture of this many components by EM (default: one DM)")
+    p.add_argument("--n-init", type=int, default=3,
+                   help="mixture: EM runs to convergence, the best kept (default 3)")
+    p.add_argument("--n-screen", type=int, default=20,
+                   help="mixture: short runs the starts are the best of (default 20; "
+                   "at most --n-init: no screening)")
+    p.add_argument("--init", choices=["random", "kmeans++"], default="random",
+                   help="mixture: starts from responsibilities drawn per row from --seed "
+                   "(default), or k-means++ seeds among --kmeans-sample rows")
+    p.add_argument("--kmeans-sample", type=int, default=20000,
+                   help="mixture: rows gathered to every rank for k-means++ (default 20000)")
     p.add_argument("--method", choices=["newton", "fixed_point"], default="newton")
-    p.add_argument("--tol", type=float, default=1e-8)
-    p.add_argument("--max-iter", type=int, default=500)
+    p.add_argument("--tol", type=float, default=None,
+                   help="relative log-likelihood change to stop at (default 1e-8; mixture 1e-6)")
+    p.add_argument("--max-iter", type=int, default=None,
+                   help="iterations (default 500; mixture: EM iterations per run, 200)")
     p.add_argument("--batch-size", type=int, default=None)
     p.add_argument("--device", default="auto", help="auto: cuda:LOCAL_RANK if available")
     p.add_argument("--out", help="rank 0 saves alpha, log_alpha, log_lik, n_iter, converged and "
-                   "fit_s (seconds in the fit) to this .npz")
+                   "fit_s (seconds in the fit) to this .npz; a mixture: weights, log_alpha, "
+                   "log_lik, n_iter, converged, fit_s and iter_s (seconds per EM iteration)")
     args = p.parse_args(list(sys.argv[1:] if argv is None else argv))
     if (args.file is None) == (not args.synthetic):
         p.error("give a counts FILE or --synthetic (not both)")
+    if args.k is not None and args.method != "newton":
+        p.error("--method: the mixture's M-step is Newton's (with the fixed point as fallback)")
 
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -157,30 +227,24 @@ def main(argv=None) -> int:
         rank, world = dist.get_rank(), dist.get_world_size()
         if args.synthetic:
             full = _synthetic(args.rows, args.cols, args.seed)
+            n_rows = full.shape[0]
             local = full[shard_rows(full.shape[0], rank, world)]
         elif args.file.endswith(".npy"):
             mm = np.load(args.file, mmap_mode="r", allow_pickle=False)
             if mm.ndim != 2:
                 raise ValueError(f"{args.file}: expected a 2-D matrix, got shape {mm.shape}")
+            n_rows = mm.shape[0]
             local = torch.from_numpy(np.array(mm[shard_rows(mm.shape[0], rank, world)],
                                               dtype=np.float32))
         else:
             from .io import load_counts
             full = load_counts(args.file)  # (a sparse file stays sparse: its rows' nonzeros)
+            n_rows = full.shape[0]
             local = full[shard_rows(full.shape[0], rank, world)]
-        t0 = time.perf_counter()
-        r = fit_distributed(local, method=args.method, tol=args.tol, max_iter=args.max_iter,
-                            batch_size=args.batch_size, device=device, progress=None)
-        fit_s = time.perf_counter() - t0  # (r.log_lik is a host float: the device is done)
-        if rank == 0:
-            print(f"world size {world} ({backend}), {r.n_rows} rows x {local.shape[1]} "
-                  f"categories: log-likelihood {r.log_lik:.6f}, {r.n_iter} iterations, "
-                  f"converged={r.converged}, A={r.precision:.6g}, fit {fit_s:.3f} s")
-            if args.out:
-                np.savez(args.out, alpha=r.alpha.numpy(), log_alpha=r.log_alpha.numpy(),
-                         log_lik=r.log_lik, n_iter=r.n_iter, converged=r.converged,
-                         fit_s=fit_s)
-                print(f"saved {args.out}")
+        if args.k is not None:
+            _fit_mixture_main(args, local, n_rows, device, rank, world, backend)
+        else:
+            _fit_one_main(args, local, device, rank, world, backend)
     finally:
         dist.destroy_process_group()
     return 0

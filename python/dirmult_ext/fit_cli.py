@@ -287,6 +287,9 @@ def main(argv=None) -> int:
         if mixture is None:
             paths = [prefix + ".npz"]
             np.savez(paths[0], feature_names=np.asarray(feature_names), **params)
+            if args.plot:  # one DM: its mean proportions as one component
+                from .plots import plot_component_heatmap
+                paths.append(plot_component_heatmap(r, feature_names, prefix + "_heatmap.png"))
         else:
             extra = {key: v for key, v in params.items() if key.startswith("classifier")
                      or key == "naive_bayes_accuracy"}

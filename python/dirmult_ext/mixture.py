@@ -28,8 +28,9 @@ from __future__ import annotations
 import itertools
 import math
 import sys
+import time
 from dataclasses import dataclass, field
-from typing import Iterable, List, Optional, Union
+from typing import Callable, Iterable, List, NamedTuple, Optional, Union
 
 import numpy as np
 import torch
@@ -38,14 +39,14 @@ from torch import Tensor
 from .api import log_lik_components
 from .criteria import (GammaPrior, ModelSelection, add_prior, criteria, hessian_parts,
                        log_det_hessian, resolve_prior)
-from .fit import (_HALVINGS, MAX_ALPHA, _Rows, _as_counts, _check_common,
-                  _default_progress, _fixed_point_step, _moment_init, _newton_step,
-                  _optimize, _prepass, _resolve_device, _stats)
+from .fit import (_HALVINGS, MAX_ALPHA, Reducer, _Rows, _as_counts, _check_common,
+                  _default_progress, _fixed_point_step, _identity, _moment_init,
+                  _newton_step, _optimize, _prepass, _resolve_device, _stats)
 from .sparse import SparseCounts
 from .sparse_stats import sq_distances
 
 __all__ = ["fit_mixture", "DMMixture", "DMClassifier", "adjusted_rand_index",
-           "best_permutation_accuracy"]
+           "best_permutation_accuracy", "random_responsibilities"]
 
 
 # ---------------------------------------------------------------------------
@@ -114,6 +115,7 @@ class DMMixture:
         log_lik_trace: the objective after each E-step of the best restart
             (the log-likelihood; with a prior, plus ``log_prior``).
         restart_log_liks: the final objective of every restart.
+        iter_s: seconds per EM iteration of the best restart.
     """
     weights: Tensor
     log_alpha: Tensor
@@ -130,6 +132,7 @@ class DMMixture:
     prior: Optional[GammaPrior] = None
     hessian_diag: Optional[Tensor] = field(default=None, repr=False)
     hessian_rank_one: Optional[Tensor] = field(default=None, repr=False)
+    iter_s: float = field(default=float("nan"), repr=False)
 
     def hessian_blocks(self) -> Tensor:
         """``(K, V, V)`` float64: block k is the Hessian of component k's
@@ -166,26 +169,25 @@ class DMMixture:
         return self.joint_log_lik(counts, device).argmax(-1)
 
 
-def _kmeanspp(rows: _Rows, k: int, gen: torch.Generator) -> Tensor:
-    """k-means++ seeding on the row proportions n / N (rows with N > 0);
-    returns one-hot responsibilities to the nearest seed, softened
-    (0.9 on the seed's component, the rest spread), (B, K) float64."""
-    dev = rows.device
-    B = rows.B
+def _row_props(rows: _Rows, s: int, e: int):
+    """Proportions n / N of rows [s, e) on the device (SparseCounts for
+    sparse rows: distances from the nonzeros)."""
+    if isinstance(rows.counts, SparseCounts):
+        return rows.counts[s:e].to(rows.device).proportions(rows.N[s:e])
+    c = rows.counts[s:e].to(rows.device, torch.float64)
+    return c / rows.N[s:e].clamp_min(1e-300).unsqueeze(-1)
 
-    sparse_rows = isinstance(rows.counts, SparseCounts)  # (distances from the nonzeros)
 
-    def props(s, e):
-        if sparse_rows:
-            return rows.counts[s:e].to(dev).proportions(rows.N[s:e])
-        c = rows.counts[s:e].to(dev, torch.float64)
-        return c / rows.N[s:e].clamp_min(1e-300).unsqueeze(-1)
+def _kmeanspp_centers(rows: _Rows, k: int, gen: torch.Generator) -> Tensor:
+    """k-means++ seeds among the row proportions n / N (rows with N > 0),
+    (k, V) float64 dense."""
+    dev, B, bs = rows.device, rows.B, rows.batch_size
+    sparse_rows = isinstance(rows.counts, SparseCounts)
 
     def seed_props(s):
-        x = props(s, s + 1)
+        x = _row_props(rows, s, s + 1)
         return x.to_dense() if sparse_rows else x
 
-    bs = rows.batch_size
     valid = (rows.N > 0).to(torch.float64)
     if float(valid.sum()) == 0:
         raise ValueError("every row of counts sums to 0: nothing to cluster")
@@ -194,7 +196,7 @@ def _kmeanspp(rows: _Rows, k: int, gen: torch.Generator) -> Tensor:
     d2 = torch.full((B,), float("inf"), dtype=torch.float64, device=dev)
     for _ in range(1, k):
         for s in range(0, B, bs):
-            x = props(s, s + bs)
+            x = _row_props(rows, s, s + bs)
             dist = (sq_distances(x, centers[-1:])[:, 0] if sparse_rows
                     else ((x - centers[-1]) ** 2).sum(-1))
             d2[s:s + bs] = torch.minimum(d2[s:s + bs], dist)
@@ -202,19 +204,48 @@ def _kmeanspp(rows: _Rows, k: int, gen: torch.Generator) -> Tensor:
         p = p if float(p.sum()) > 0 else valid
         nxt = int(torch.multinomial(p.cpu(), 1, generator=gen))
         centers = torch.cat([centers, seed_props(nxt)])
-    R = torch.empty(B, k, dtype=torch.float64, device=dev)
-    for s in range(0, B, bs):
-        x = props(s, s + bs)
-        nearest = (sq_distances(x, centers) if sparse_rows else torch.cdist(x, centers)).argmin(-1)
+    return centers
+
+
+def _nearest_resp(rows: _Rows, centers: Tensor) -> Tensor:
+    """One-hot responsibilities to the nearest center, softened (0.9 on the
+    center's component, the rest spread), (B, K) float64."""
+    k, bs = centers.shape[0], rows.batch_size
+    centers = centers.to(rows.device)
+    R = torch.empty(rows.B, k, dtype=torch.float64, device=rows.device)
+    for s in range(0, rows.B, bs):
+        x = _row_props(rows, s, s + bs)
+        nearest = (sq_distances(x, centers) if isinstance(rows.counts, SparseCounts)
+                   else torch.cdist(x, centers)).argmin(-1)
         R[s:s + bs] = torch.nn.functional.one_hot(nearest, k).to(torch.float64)
     return 0.9 * R + 0.1 / k if k > 1 else R
 
 
-def _random_resp(B: int, k: int, gen: torch.Generator, dev) -> Tensor:
-    """Dirichlet(1, ..., 1) responsibilities per row: normalized Exp(1) draws."""
-    u = torch.rand(B, k, dtype=torch.float64, generator=gen)
-    g = -u.clamp_min(1e-300).log()
-    return (g / g.sum(-1, keepdim=True)).to(dev)
+def _kmeanspp(rows: _Rows, k: int, gen: torch.Generator) -> Tensor:
+    """k-means++ seeding on the row proportions; the responsibilities of
+    :func:`_nearest_resp`."""
+    return _nearest_resp(rows, _kmeanspp_centers(rows, k, gen))
+
+
+_RESP_BLOCK = 4096      # rows per generator of the random starts
+
+
+def random_responsibilities(start: int, stop: int, k: int, seed: int, stream: int = 0,
+                            device=None) -> Tensor:
+    """Dirichlet(1, ..., 1) responsibilities (normalized Exp(1) draws) of
+    the rows ``[start, stop)`` of a matrix, (stop - start, k) float64. Each
+    block of 4096 rows draws from its own generator keyed by (seed, stream,
+    block), so a row's draw depends only on its index: a shard of the rows
+    gets the slice of the whole matrix's draws (Note [Distributed mixture])."""
+    draws = []
+    for b in range(start // _RESP_BLOCK, -(-stop // _RESP_BLOCK)):
+        rng = np.random.Generator(np.random.PCG64(
+            np.random.SeedSequence([int(seed) % 2 ** 64, int(stream), b])))
+        g = rng.standard_exponential((_RESP_BLOCK, k))
+        o = b * _RESP_BLOCK
+        draws.append(g[max(start, o) - o:min(stop, o + _RESP_BLOCK) - o])
+    g = np.concatenate(draws) if draws else np.zeros((0, k))
+    return torch.from_numpy(g / g.sum(-1, keepdims=True)).to(device)
 
 
 class _EStep:
@@ -239,13 +270,29 @@ class _EStep:
         return r
 
 
-def _log_pi(R: Tensor) -> Tensor:
-    W = R.sum(0)
+def _log_pi(R: Tensor, reduce: Reducer = _identity) -> Tensor:
+    W = reduce(R.sum(0))
     return (W / W.sum()).clamp_min(1e-300).log()
 
 
+class _Run(NamedTuple):
+    """One EM run: parameters and responsibilities at its end, the objective
+    after each E-step, the statistics of its last pass (at eta, weighted by
+    R) and the seconds its EM iterations took (the start's fit left out)."""
+    eta: Tensor
+    log_pi: Tensor
+    R: Tensor
+    trace: List[float]
+    n_iter: int
+    converged: bool
+    log_lik: float
+    S: object
+    em_s: float
+
+
 def _em_run(rows: _Rows, R: Tensor, *, max_iter: int, tol: float, m_steps: int,
-            min_alpha: float, bar=None, run: int = 0, prior: Optional[GammaPrior] = None):
+            min_alpha: float, bar=None, run: int = 0, prior: Optional[GammaPrior] = None,
+            reduce: Reducer = _identity) -> _Run:
     """EM from initial responsibilities R (B, K). Each iteration is one pass
     over the rows: component log-likelihoods with their gradient (the fused
     op), responsibilities from them, and the M-step statistics under the new
@@ -254,24 +301,28 @@ def _em_run(rows: _Rows, R: Tensor, *, max_iter: int, tol: float, m_steps: int,
     lowers Q_k (checked in the next pass) is halved, then replaced by the
     fixed-point step, so the likelihood never decreases (generalized EM).
     With a prior the objective is the log posterior and the steps are those
-    of the penalized statistics (``criteria.add_prior``).
-    Returns (eta, log_pi, R, trace, n_iter, converged, log_lik, S) with S
-    the statistics of the last pass (at eta, weighted by R)."""
+    of the penalized statistics (``criteria.add_prior``). Every sum over
+    rows goes through ``reduce`` (the sum over ranks of a distributed fit),
+    so every decision is taken on the whole data's statistics."""
     lo, hi = math.log(min_alpha), math.log(MAX_ALPHA)
     rows.set_weights(R)
-    pre = _prepass(rows, check=False)
+    pre = _prepass(rows, reduce, check=False)
     eta = _moment_init(pre, min_alpha)
     eta, *_ = _optimize(rows, eta, pre, method="newton", tol=0.0, gtol=0.0,
-                        max_iter=m_steps, min_alpha=min_alpha, need_converged=False)
-    log_pi = _log_pi(R)
-    c_sum = float(rows.c.sum())
+                        max_iter=m_steps, min_alpha=min_alpha, need_converged=False,
+                        reduce=reduce)
+    log_pi = _log_pi(R, reduce)
+    c_sum = float(reduce(rows.c.sum().reshape(1))[0])
     K = eta.shape[0]
     trace: List[float] = []
     S_prev = eta_prev = nt = fp = use_newton = t = None
     converged, it, retries = False, 0, 0
+    t0 = time.perf_counter()
     while it < max_iter:
         est = _EStep(log_pi, rows.B)
-        S = _stats(rows, eta, None, True, reweight=est.__call__)
+        S = _stats(rows, eta, None, True, reduce=reduce, reweight=est.__call__)
+        tq = reduce(torch.cat([est.total.reshape(1), est.q_old]))
+        est.total, est.q_old = tq[0], tq[1:].clone()
         lp = 0.0
         if prior is not None:
             add_prior(S, eta, prior)
@@ -302,14 +353,78 @@ def _em_run(rows: _Rows, R: Tensor, *, max_iter: int, tol: float, m_steps: int,
             break
         # M-step under the new responsibilities
         rows.set_weights(est.R)
-        log_pi = _log_pi(est.R)
+        log_pi = _log_pi(est.R, reduce)
         free = (eta > lo + 1e-9) | (S.G > 0)
         nt, use_newton = _newton_step(eta, S, free)
         fp = _fixed_point_step(eta, S)
         t = torch.ones(K, dtype=torch.float64, device=eta.device)
         eta_prev, S_prev = eta, S
         eta = (eta + torch.where(use_newton.unsqueeze(-1), nt, fp)).clamp(lo, hi)
-    return eta, log_pi, est.R, trace, it, converged, log_lik, S
+    return _Run(eta, log_pi, est.R, trace, it, converged, log_lik, S,
+                time.perf_counter() - t0)
+
+
+def _best_run(rows: _Rows, k: int, start: Callable[[int], Tensor], *, n_init: int,
+              n_screen: int, screen_iter: int, bar=None, reduce: Reducer = _identity,
+              **em) -> tuple:
+    """The restarts of Note [Mixture restarts]: ``start(i)`` gives the i-th
+    seed's initial responsibilities. Returns (best run, every restart's final
+    objective)."""
+    starts = []
+    if n_screen > n_init and k > 1:
+        # short runs from many seeds; the best n_init go on to convergence
+        screened = []
+        for i in range(n_screen):
+            out = _em_run(rows, start(i), **dict(em, max_iter=screen_iter), reduce=reduce)
+            screened.append((out.trace[-1], out.R))
+        screened.sort(key=lambda t: -t[0])
+        starts = [R for _, R in screened[:n_init]]
+    best, finals = None, []
+    for run in range(n_init):
+        out = _em_run(rows, starts[run] if starts else start(run), bar=bar, run=run,
+                      reduce=reduce, **em)
+        finals.append(out.trace[-1])
+        if best is None or out.trace[-1] > best.trace[-1]:
+            best = out
+    return best, finals
+
+
+def _mixture_result(best: _Run, finals: List[float], k: int, V: int, B: int,
+                    prior: Optional[GammaPrior], reduce: Reducer = _identity) -> DMMixture:
+    """The DMMixture of the best run: components by decreasing weight,
+    dmn's criteria (``B`` the rows of all ranks)."""
+    eta = best.eta.detach()
+    lp = 0.0 if prior is None else float(prior.log_density(eta).sum())
+    h, c = hessian_parts(best.S, eta)
+    # components by decreasing weight (dmn's weight term leaves out the first)
+    order = torch.argsort(-best.log_pi, stable=True)
+    eta, log_pi, R, h, c = eta[order], best.log_pi[order], best.R[:, order], h[order], c[order]
+    log_det = log_det_hessian(h, c, eta, reduce(R.sum(0)), B)
+    crit = criteria(best.log_lik, lp, log_det, k, V, B)
+    return DMMixture(weights=log_pi.exp().cpu(), log_alpha=eta.cpu(), log_lik=best.log_lik,
+                     bic=crit["bic"], aic=crit["aic"], laplace=crit["laplace"],
+                     log_prior=lp, prior=prior, hessian_diag=h.cpu(),
+                     hessian_rank_one=c.cpu(), n_iter=best.n_iter,
+                     converged=best.converged, responsibilities=R.cpu(),
+                     log_lik_trace=best.trace, restart_log_liks=finals,
+                     iter_s=best.em_s / max(best.n_iter, 1))
+
+
+def _check_mixture_args(k, n_init, n_screen, screen_iter, init, m_steps, tol, max_iter,
+                        min_alpha) -> None:
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise ValueError(f"k must be a positive integer, got {k!r}")
+    if not isinstance(n_init, int) or n_init < 1:
+        raise ValueError(f"n_init must be a positive integer, got {n_init!r}")
+    if not isinstance(n_screen, int) or n_screen < 0:
+        raise ValueError(f"n_screen must be a non-negative integer, got {n_screen!r}")
+    if not isinstance(screen_iter, int) or screen_iter < 1:
+        raise ValueError(f"screen_iter must be a positive integer, got {screen_iter!r}")
+    if init not in ("kmeans++", "random"):
+        raise ValueError(f"init must be 'kmeans++' or 'random', got {init!r}")
+    if not isinstance(m_steps, int) or m_steps < 1:
+        raise ValueError(f"m_steps must be a positive integer, got {m_steps!r}")
+    _check_common("newton", tol, max_iter, min_alpha)
 
 
 def fit_mixture(counts, k: Union[int, Iterable[int]], *, n_init: int = 3,
@@ -340,7 +455,8 @@ def fit_mixture(counts, k: Union[int, Iterable[int]], *, n_init: int = 3,
             large problems).
         device: where to compute (default ``counts.device``).
         init: ``"kmeans++"`` (seeds on the row proportions, hard assignment
-            softened) or ``"random"`` (Dirichlet(1) responsibilities).
+            softened) or ``"random"`` (Dirichlet(1) responsibilities,
+            :func:`random_responsibilities` of restart i's stream).
         m_steps: Newton iterations of the first M-step, after the initial
             responsibilities (later M-steps take one warm-started step).
         batch_size: stream the rows in batches (see :func:`dirmult_ext.fit.fit`).
@@ -372,24 +488,11 @@ def fit_mixture(counts, k: Union[int, Iterable[int]], *, n_init: int = 3,
             raise ValueError(f"k={max(ks)} components need at least {max(ks)} rows, "
                              f"got {counts.shape[0]}")
         return ModelSelection(fits=[fit_mixture(counts, kk, **kw) for kk in ks], ks=ks)
-    if isinstance(k, bool) or k < 1:
-        raise ValueError(f"k must be a positive integer, got {k!r}")
+    _check_mixture_args(k, n_init, n_screen, screen_iter, init, m_steps, tol, max_iter,
+                        min_alpha)
     k = int(k)
     prior = resolve_prior(prior)
     counts = _as_counts(counts)
-    if k < 1:
-        raise ValueError(f"k must be a positive integer, got {k!r}")
-    if not isinstance(n_init, int) or n_init < 1:
-        raise ValueError(f"n_init must be a positive integer, got {n_init!r}")
-    if not isinstance(n_screen, int) or n_screen < 0:
-        raise ValueError(f"n_screen must be a non-negative integer, got {n_screen!r}")
-    if not isinstance(screen_iter, int) or screen_iter < 1:
-        raise ValueError(f"screen_iter must be a positive integer, got {screen_iter!r}")
-    if init not in ("kmeans++", "random"):
-        raise ValueError(f"init must be 'kmeans++' or 'random', got {init!r}")
-    if not isinstance(m_steps, int) or m_steps < 1:
-        raise ValueError(f"m_steps must be a positive integer, got {m_steps!r}")
-    _check_common("newton", tol, max_iter, min_alpha)
     B, V = counts.shape
     if B < k:
         raise ValueError(f"k={k} components need at least {k} rows, got {B}")
@@ -398,53 +501,27 @@ def fit_mixture(counts, k: Union[int, Iterable[int]], *, n_init: int = 3,
     _prepass(rows)                          # validates; sets rows.N, rows.c
     gen = torch.Generator()
     gen.manual_seed(int(seed) if seed is not None else int(torch.seed() % (2 ** 63)))
+    if init == "kmeans++":
+        def start(i):
+            return _kmeanspp(rows, k, gen)
+    else:
+        base = gen.initial_seed()
+
+        def start(i):
+            return random_responsibilities(0, B, k, base, i, dev)
     show = _default_progress(progress, B * V * k * n_init, batch_size is not None)
     bar = None
     if show:
         from tqdm.auto import tqdm
         bar = tqdm(total=n_init * max_iter, desc="fit_mixture", file=sys.stderr, leave=False)
-    best = None
-    finals = []
     try:
-        starts = []
-        if n_screen > n_init and k > 1:
-            # short runs from many seeds; the best n_init go on to convergence
-            screened = []
-            for _ in range(n_screen):
-                R0 = (_kmeanspp(rows, k, gen) if init == "kmeans++"
-                      else _random_resp(B, k, gen, dev))
-                out = _em_run(rows, R0, max_iter=screen_iter, tol=tol, m_steps=m_steps,
-                              min_alpha=min_alpha, prior=prior)
-                screened.append((out[3][-1], out[2]))
-            screened.sort(key=lambda t: -t[0])
-            starts = [R0 for _, R0 in screened[:n_init]]
-        for run in range(n_init):
-            R = starts[run] if starts else (
-                _kmeanspp(rows, k, gen) if init == "kmeans++" else _random_resp(B, k, gen, dev))
-            eta, log_pi, R, trace, it, converged, ll, S = _em_run(
-                rows, R, max_iter=max_iter, tol=tol, m_steps=m_steps, min_alpha=min_alpha,
-                bar=bar, run=run, prior=prior)
-            finals.append(trace[-1])
-            if best is None or trace[-1] > best[0]:
-                best = (trace[-1], eta, log_pi, R, it, converged, trace, ll, S)
+        best, finals = _best_run(rows, k, start, n_init=n_init, n_screen=n_screen,
+                                 screen_iter=screen_iter, bar=bar, max_iter=max_iter,
+                                 tol=tol, m_steps=m_steps, min_alpha=min_alpha, prior=prior)
     finally:
         if bar is not None:
             bar.close()
-    _, eta, log_pi, R, n_iter, converged, trace, ll, S = best
-    eta = eta.detach()
-    lp = 0.0 if prior is None else float(prior.log_density(eta).sum())
-    h, c = hessian_parts(S, eta)
-    # components by decreasing weight (dmn's weight term leaves out the first)
-    order = torch.argsort(-log_pi, stable=True)
-    eta, log_pi, R, h, c = eta[order], log_pi[order], R[:, order], h[order], c[order]
-    log_det = log_det_hessian(h, c, eta, R.sum(0), B)
-    crit = criteria(ll, lp, log_det, k, V, B)
-    return DMMixture(weights=log_pi.exp().cpu(), log_alpha=eta.cpu(), log_lik=ll,
-                     bic=crit["bic"], aic=crit["aic"], laplace=crit["laplace"],
-                     log_prior=lp, prior=prior, hessian_diag=h.cpu(),
-                     hessian_rank_one=c.cpu(),
-                     n_iter=n_iter, converged=converged, responsibilities=R.cpu(),
-                     log_lik_trace=trace, restart_log_liks=finals)
+    return _mixture_result(best, finals, k, V, B, prior)
 
 
 # ---------------------------------------------------------------------------

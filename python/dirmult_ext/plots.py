@@ -43,19 +43,31 @@ def plot_criteria(selection, path: str) -> str:
     return path
 
 
+def _components(fitted):
+    """(K, V) alpha and (K,) weights of a mixture; a one-DM fit (a (V,)
+    alpha) is one component of weight 1."""
+    alpha = fitted.alpha
+    if alpha.dim() == 1:
+        return alpha.unsqueeze(0), np.ones(1)
+    return alpha, fitted.weights
+
+
 def top_features(mixture, n: int = 20) -> np.ndarray:
     """Indices of the ``n`` features with the largest mean proportion
-    alpha_kv / A_k in any component."""
-    mean = mixture.alpha / mixture.alpha.sum(-1, keepdim=True)
+    alpha_kv / A_k in any component (a DMMixture or a DMFit)."""
+    alpha, _ = _components(mixture)
+    mean = alpha / alpha.sum(-1, keepdim=True)
     return np.argsort(-mean.max(0).values.numpy(), kind="stable")[:n]
 
 
 def plot_component_heatmap(mixture, feature_names: Sequence[str], path: str,
                            n: int = 20) -> str:
     """Mean proportions alpha_kv / A_k of the top ``n`` features (rows) per
-    component (columns, by decreasing weight); a PNG at ``path``."""
+    component (columns, by decreasing weight) of a DMMixture, or of a DMFit's
+    one component; a PNG at ``path``."""
     plt = require_matplotlib()
-    mean = (mixture.alpha / mixture.alpha.sum(-1, keepdim=True)).numpy()
+    alpha, weights = _components(mixture)
+    mean = (alpha / alpha.sum(-1, keepdim=True)).numpy()
     idx = top_features(mixture, n)
     data = mean[:, idx].T
     fig, ax = plt.subplots(figsize=(2 + 0.6 * data.shape[1], 1.5 + 0.3 * len(idx)), dpi=100)
@@ -63,7 +75,7 @@ def plot_component_heatmap(mixture, feature_names: Sequence[str], path: str,
     ax.set_yticks(range(len(idx)))
     ax.set_yticklabels([str(feature_names[i]) for i in idx], fontsize=7)
     ax.set_xticks(range(data.shape[1]))
-    ax.set_xticklabels([f"{k + 1}\n({float(w):.2f})" for k, w in enumerate(mixture.weights)],
+    ax.set_xticklabels([f"{k + 1}\n({float(w):.2f})" for k, w in enumerate(weights)],
                        fontsize=7)
     ax.set_xlabel("component (weight)")
     fig.colorbar(im, ax=ax, label="mean proportion")
