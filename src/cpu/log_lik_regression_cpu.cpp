@@ -38,12 +38,11 @@ struct Design {
   int64_t P, V;
 };
 
-// Whether the AVX2 tiles multiply-add with one rounding (FMA). The scalar
-// tiles (no AVX2, or DIRMULT_CPU_SIMD=none) round the product and the sum
-// apart; with kRegressionFma the two give log_alpha (and the gradients)
-// within a rounding of each other, not the same bits. See Note [Regression
-// fusion].
-constexpr bool kRegressionFma = true;
+// Whether the AVX2 tiles multiply-add with one rounding (FMA). Off: each
+// product and sum rounded apart, as the scalar loops do, so log_alpha is the
+// same bits with or without AVX2 and as row_log_alpha's; FMA measured about
+// 10% faster only at P = 64 (docs/PERFORMANCE_LEDGER.md, CPU).
+constexpr bool kRegressionFma = false;
 
 // la[0 .. V) = bias + sum_p x[p] W[p, :], the terms added in order of p.
 template <typename S>
