@@ -19,6 +19,7 @@
 #include "dirmult/math.h"
 #include "ops_cpu.h"
 #include "per_sample_avx2.h"
+#include "per_sample_rows_cpu.h"
 #include "policy_cpu.h"
 #include "row_sums_cpu.h"
 #include "shared_rows_avx2.h"
@@ -290,23 +291,6 @@ DM_FOR_EACH_COUNT_TYPE(DM_INSTANTIATE_BACKWARD)
 #undef DM_INSTANTIATE_BACKWARD_ROWS
 
 namespace {
-
-// One row's per-sample gradient with respect to log_alpha (out[0, V)),
-// eight counts at a time; scalar_term(v) writes the elements the blocks
-// leave (counts off the table or bad).
-template <typename count_t, typename ScalarTerm>
-void per_sample_grad_avx2(const count_t* row, const float* lrow, int64_t V, double g, double d,
-                          float* out, ScalarTerm scalar_term) {
-  constexpr int kBlock = cpu::kPerSampleBlock;
-  float nbuf[kBlock];
-  uint16_t rest[kBlock];
-  for (int64_t v = 0; v < V; v += kBlock) {
-    const int m = static_cast<int>(std::min<int64_t>(kBlock, V - v));
-    const float* n = counts_as_float(row, v, m, nbuf);
-    const int others = cpu::per_sample_grad_block_avx2(lrow + v, n, m, g, d, out + v, rest);
-    for (int j = 0; j < others; ++j) scalar_term(v + rest[j]);
-  }
-}
 
 // Elementwise gradients that need the row totals first: per-sample
 // grad_log_alpha and/or grad_counts.

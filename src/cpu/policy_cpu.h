@@ -95,8 +95,11 @@ inline int64_t gradient_row_blocks(int64_t B, int64_t V) {
 
 // --- log_lik_regression (See Note [Regression fusion]).
 
-// Rows per parallel work item of the regression's forward.
-constexpr int64_t kRegressionRowGrain = 16;
+// Rows whose log_alpha (and, in the backward, gradient G) the regression
+// makes at once: one block of kRegressionBlockRows x V scalars each per task
+// (32 x 1024 float32: 128 KiB, within L2), so each row of W is read once per
+// block and the products X W, G W^T and X^T G run as register tiles.
+constexpr int64_t kRegressionBlockRows = 32;
 
 // Blocks of rows whose dW and dbias partials the regression's backward sums
 // apart, then adds in order: up to 64 of at least 256 rows, their partials
