@@ -78,10 +78,10 @@ def test_load_counts_errors(tmp_path):
 
     neg = x.copy()
     neg[2, 3] = -1
-    expect(neg, ".npy", "negative count -1.0 at row 2, column 3")
+    expect(neg, ".npy", "negative count -1.0 at row 3, column 4")
     nan = x.copy()
     nan[1, 0] = np.nan
-    expect(nan, ".npy", "non-finite value nan at row 1, column 0")
+    expect(nan, ".npy", "non-finite value nan at row 2, column 1")
     expect(x[0], ".npy", "2-D")
     expect(np.zeros((2, 3, 4)), ".npy", "2-D")
     expect(np.zeros((0, 4)), ".npy", "empty")
