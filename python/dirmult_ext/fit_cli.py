@@ -283,6 +283,9 @@ def main(argv=None) -> int:
                   "BIC/AIC scale):")
             print(selection.format_table())
             print(f"chosen k = {k} (Laplace)")
+            if k == max(ks) and len(ks) > 2:
+                print(f"  the lowest Laplace criterion is at k = {k}, the largest fitted: "
+                      f"a larger k may fit better (e.g. --k {k}-{k + 4})")
         else:
             m = fitted
         mixture = m
@@ -308,6 +311,10 @@ def main(argv=None) -> int:
         if labels is not None:
             print(f"  adjusted Rand index of clusters vs labels: "
                   f"{adjusted_rand_index(assign, labels):.4f}")
+            if selection is not None:
+                print("  (every k: " + ", ".join(
+                    f"{kk}: {adjusted_rand_index(f.responsibilities.argmax(-1), labels):.4f}"
+                    for kk, f in zip(selection.ks, selection.fits)) + ")")
         params = dict(weights=m.weights.numpy(), log_alpha=m.log_alpha.numpy(),
                       alpha=m.alpha.numpy(), log_lik=m.log_lik, bic=m.bic, aic=m.aic,
                       n_iter=m.n_iter, converged=m.converged, assignments=assign.numpy())
