@@ -280,7 +280,7 @@ def main(argv=None) -> int:
             print(f"model selection, k = {ks[0]}..{ks[-1]} ({what}, {args.n_init} runs from "
                   f"{max(args.n_screen, args.n_init)} seeds each, {dt:.2f} s); criteria as "
                   "DirichletMultinomial::dmn defines them (lower is better, half the usual "
-                  "BIC/AIC scale):")
+                  "BIC/AIC scale; log-lik: the normalized pmf):")
             print(selection.format_table())
             print(f"chosen k = {k} (Laplace)")
             if k == max(ks) and len(ks) > 2:
