@@ -122,9 +122,11 @@ def test_cli_baseline_and_multinomial_limit(tmp_path, capsys):
     assert "(normalized pmf)" in text.split("Dirichlet-multinomial fit")[1].splitlines()[0]
     assert re.search(r"BIC -?\d+\.\d, AIC -?\d+\.\d ", dm_line), dm_line   # one decimal
     assert "multinomial limit" not in text
-    # multinomial data: the DM sits at its limit
-    p = rng().dirichlet(np.ones(6))
-    mult = rng().multinomial(60, p, size=300).astype(np.float64)
+    # rows of one exact proportion (less spread than a multinomial's): the DM's
+    # MLE is its multinomial limit (multinomial samples reach it only about
+    # half the time, when they happen to be underdispersed)
+    r = rng()
+    mult = (r.integers(1, 10, size=6)[None, :] * r.integers(1, 6, size=(300, 1))).astype(float)
     np.save(tmp_path / "mult.npy", mult)
     assert fit_cli.main([str(tmp_path / "mult.npy"), "--device", "cpu"]) == 0
     text = capsys.readouterr().out
