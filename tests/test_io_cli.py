@@ -1,6 +1,7 @@
 """Count-matrix readers, the bundled digits data, and ``dirmult-ext fit``."""
 import gzip
 import math
+import re
 
 import numpy as np
 import pytest
@@ -78,10 +79,10 @@ def test_load_counts_errors(tmp_path):
 
     neg = x.copy()
     neg[2, 3] = -1
-    expect(neg, ".npy", "negative count -1.0 at row 2, column 3")
+    expect(neg, ".npy", "negative count -1.0 at row 3, column 4")
     nan = x.copy()
     nan[1, 0] = np.nan
-    expect(nan, ".npy", "non-finite value nan at row 1, column 0")
+    expect(nan, ".npy", "non-finite value nan at row 2, column 1")
     expect(x[0], ".npy", "2-D")
     expect(np.zeros((2, 3, 4)), ".npy", "2-D")
     expect(np.zeros((0, 4)), ".npy", "empty")
@@ -197,7 +198,17 @@ def test_cli_digits_default(capsys):
                          "--device", "cpu"]) == 0
     text = capsys.readouterr().out
     assert "1797 rows x 64 categories" in text
-    assert "10-component DM mixture" in text and "BIC" in text
+    # model selection over k = 8..12: one table row per k, the chosen k fitted
+    rows = [ln.split() for ln in text.splitlines() if re.match(r"\s*\d+\s+-\d+\.\d\d ", ln)]
+    assert [int(r[0]) for r in rows] == [8, 9, 10, 11, 12], text
+    chosen = int(re.search(r"chosen k = (\d+) \(Laplace\)", text).group(1))
+    laplace = {int(r[0]): float(r[2].rstrip("*")) for r in rows}
+    assert chosen == min(laplace, key=laplace.get)
+    assert f"{chosen}-component DM mixture" in text and "baseline, one multinomial" in text
+    assert "adjusted Rand index" in text
+    assert ("the largest fitted" in text) == (chosen == 12)
+    every = re.search(r"\(every k: (.*)\)", text).group(1)
+    assert [int(c.split(":")[0]) for c in every.split(", ")] == [8, 9, 10, 11, 12]
     acc = [float(line.split("accuracy")[1].split()[0]) for line in text.splitlines()
            if "accuracy" in line]
     assert len(acc) == 2 and all(a > 0.8 for a in acc), text

@@ -501,7 +501,7 @@ def test_load_counts_sparse(tmp_path):
     np.testing.assert_array_equal(load_counts(tmp_path / "x.mtx", sparse=False).numpy(), x)
     x[4, 5] = -2.0
     scipy_sparse.save_npz(tmp_path / "bad.npz", scipy_sparse.csr_matrix(x))
-    with pytest.raises(ValueError, match="negative count -2.0 at row 4, column 5"):
+    with pytest.raises(ValueError, match="negative count -2.0 at row 5, column 6"):
         load_counts(tmp_path / "bad.npz", sparse=True)
     x[4, 5] = 2.5
     scipy_sparse.save_npz(tmp_path / "frac.npz", scipy_sparse.csr_matrix(x))

@@ -42,7 +42,8 @@ from typing import List, Optional, Tuple
 import torch
 from torch import Tensor
 
-__all__ = ["DMN_PRIOR", "GammaPrior", "resolve_prior", "ModelSelection"]
+__all__ = ["DMN_PRIOR", "GammaPrior", "resolve_prior", "ModelSelection",
+           "multinomial_log_lik"]
 
 
 @dataclass(frozen=True)
@@ -178,3 +179,27 @@ class ModelSelection:
         lines.append("(* the lowest of each criterion; chosen k by Laplace: "
                      f"{picks['laplace']}, by BIC: {picks['bic']}, by AIC: {picks['aic']})")
         return "\n".join(lines)
+
+
+def multinomial_log_lik(counts) -> float:
+    """Log-likelihood (normalized pmf) of a ``(B, V)`` count matrix (tensor
+    or :class:`~dirmult_ext.SparseCounts`) under one multinomial at its MLE
+    p = column totals / total: sum_b [log N_b! - sum_v log n_bv! + sum_v
+    n_bv log p_v], the DM's limit as A = sum(alpha) -> infinity. Rows with
+    no counts add 0."""
+    from .sparse import SparseCounts
+    if isinstance(counts, SparseCounts):
+        vals = counts.values.cpu().to(torch.float64)
+        cols = counts.col_indices.cpu().long()
+        N = counts.row_totals().cpu().to(torch.float64)
+        col_tot = torch.zeros(counts.shape[1], dtype=torch.float64).index_add_(0, cols, vals)
+    else:
+        c = counts.cpu().to(torch.float64)
+        vals, N, col_tot = c.reshape(-1), c.sum(-1), c.sum(0)
+        cols = torch.arange(c.shape[1]).repeat(c.shape[0])
+    total = float(col_tot.sum())
+    if total == 0:
+        return 0.0
+    log_p = (col_tot / total).log()
+    kernel = torch.where(vals > 0, vals * log_p[cols], torch.zeros_like(vals))
+    return float(torch.lgamma(N + 1).sum() - torch.lgamma(vals + 1).sum() + kernel.sum())

@@ -61,6 +61,7 @@ from torch import Tensor
 from .api import log_lik, log_lik_components
 from .sparse import SparseCounts, as_sparse_counts, is_sparse_input
 from .sparse_stats import fit_moments
+from .threads import fit_threads
 
 __all__ = ["fit", "DMFit"]
 
@@ -598,6 +599,7 @@ def fit(counts, *, init=None, method: str = "newton", tol: float = 1e-8,
     dev = _resolve_device(counts, device)
     w = _as_weights(weights, counts.shape[0], dev)
     rows = _Rows(counts, w, dev, batch_size)
-    return _fit_rows(rows, init=init, method=method, tol=tol,
-                     gtol=0.01 * math.sqrt(tol) if gtol is None else gtol, max_iter=max_iter,
-                     min_alpha=min_alpha, progress=progress)
+    with fit_threads(counts.shape[0] * counts.shape[1], dev):  # See Note [Fit threads]
+        return _fit_rows(rows, init=init, method=method, tol=tol,
+                         gtol=0.01 * math.sqrt(tol) if gtol is None else gtol,
+                         max_iter=max_iter, min_alpha=min_alpha, progress=progress)

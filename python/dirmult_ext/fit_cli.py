@@ -1,10 +1,12 @@
 """``dirmult-ext fit``: fit a Dirichlet-multinomial (``--k 1``) or a K-component
 DM mixture to a count matrix, print a summary, save the parameters.
 
-    dirmult-ext fit                      the bundled digits data: a 10-component
-                                         mixture, and since the labels are known,
-                                         held-out accuracy of the class-conditional
-                                         DM classifier vs multinomial naive Bayes
+    dirmult-ext fit                      the bundled digits data: mixtures of 8..12
+                                         components, the criteria table, the chosen
+                                         k's components and their agreement with the
+                                         digit labels, and held-out accuracy of the
+                                         class-conditional DM classifier vs
+                                         multinomial naive Bayes
     dirmult-ext fit counts.npz --k 3 --out params.npz
     dirmult-ext fit taxa.csv --k 1-7 --prior dmn --out results/ --plot
                                          model selection as DirichletMultinomial's
@@ -22,7 +24,18 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["main", "multinomial_naive_bayes", "pick_device", "train_test_split", "parse_k"]
+__all__ = ["main", "multinomial_naive_bayes", "pick_device", "train_test_split", "parse_k",
+           "DIGITS_K", "MULTINOMIAL_LIMIT"]
+
+#: ``--k`` for the bundled digits: a range around its 10 classes, so the
+#: criteria have a choice to make either side of 10.
+DIGITS_K = "8-12"
+
+#: A precision A = sum(alpha) above this is reported as the multinomial
+#: limit (no overdispersion); so is a DM log-likelihood within
+#: MULTINOMIAL_RTOL (relative) of the multinomial's.
+MULTINOMIAL_LIMIT = 1e6
+MULTINOMIAL_RTOL = 1e-6
 
 
 def parse_k(text: str) -> List[int]:
@@ -97,13 +110,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("file", nargs="?", help=".npy, .npz (dense or scipy.sparse), .csv/.tsv/"
                    ".txt (optionally .gz) or .mtx; default: the bundled digits data")
     p.add_argument("--k", default=None,
-                   help="components: a number (1: a single DM; default 1, or 10 for the "
+                   help="components: a number (1: a single DM; default 1, or 8-12 for the "
                         "digits), or a range 1-7 / list 2,4,6: fit each, print the table of "
                         "log-likelihood, Laplace, BIC, AIC and the k Laplace picks")
     p.add_argument("--prior", choices=["none", "dmn"], default="none",
-                   help="mixtures: dmn: the MAP estimate under DirichletMultinomial's "
+                   help="dmn: the MAP estimate under DirichletMultinomial's "
                         "Gamma(0.1, 0.1) prior on each alpha (its criteria then match "
-                        "dmn's); none (default): maximum likelihood")
+                        "dmn's; with --k 1 a one-component dmn fit); none (default): "
+                        "maximum likelihood")
     p.add_argument("--samples-in-columns", action=argparse.BooleanOptionalAction,
                    default=None, help="the text file holds one sample per column (taxa x "
                    "samples) and is transposed (default: detected from the header's first "
@@ -142,8 +156,23 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _print_baseline(log_lik: float, V: int, B: int, half: bool) -> None:
+    """The single multinomial at its MLE (p = column totals / total, V - 1
+    parameters) on the fit's scale: -2 log L + ... for one DM, dmn's half
+    scale for mixtures."""
+    p = V - 1
+    if half:
+        bic, aic, scale = -log_lik + 0.5 * p * np.log(B), -log_lik + p, "dmn's half scale"
+    else:
+        bic, aic, scale = -2 * log_lik + p * np.log(B), -2 * log_lik + 2 * p, "the DM's scale"
+    print(f"  baseline, one multinomial (p = column totals / total, {p} parameters): "
+          f"log-likelihood {log_lik:.4f} (normalized pmf); BIC {bic:.1f}, AIC {aic:.1f} "
+          f"({scale})")
+
+
 def main(argv=None) -> int:
     args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    from .criteria import multinomial_log_lik
     from .fit import fit
     from .io import load_count_table, load_labels
     from .mixture import DMClassifier, adjusted_rand_index, fit_mixture
@@ -160,7 +189,7 @@ def main(argv=None) -> int:
             counts, labels = load_digits()
             classes = np.arange(10)
             source = "bundled UCI optical digits (Alpaydin & Kaynak 1998, CC BY 4.0)"
-            ks = [10] if args.k is None else parse_k(args.k)
+            ks = parse_k(DIGITS_K if args.k is None else args.k)
             sample_names = [str(i + 1) for i in range(counts.shape[0])]
             feature_names = [f"pixel{i + 1}" for i in range(counts.shape[1])]
             transposed = False
@@ -203,19 +232,30 @@ def main(argv=None) -> int:
     print(f"  {B} rows x {V} categories, {int(N.sum())} counts, row totals "
           f"{int(N.min())}..{int(N.max())}, {zeros:.1%} zeros")
     print(f"device: {device}")
+    empty = int((N == 0).sum())
+    if empty:
+        print(f"dirmult-ext fit: warning: {empty} sample{'s have' if empty > 1 else ' has'} "
+              f"no counts; {'they add' if empty > 1 else 'it adds'} 0 to the log-likelihood",
+              file=sys.stderr)
+    base_ll = multinomial_log_lik(counts)
     params = {}
     mixture = selection = None
     t0 = time.perf_counter()
     k = ks[0]
-    if ks == [1]:
+    if ks == [1] and args.prior == "none":
         tol = 1e-8 if args.tol is None else args.tol
         r = fit(counts, method=args.method, tol=tol, max_iter=args.max_iter,
                 batch_size=args.batch_size, progress=args.progress, device=device)
         dt = time.perf_counter() - t0
-        print(f"Dirichlet-multinomial fit ({r.method}): log-likelihood {r.log_lik:.4f}, "
-              f"{r.n_iter} iterations, converged={r.converged}, {dt:.2f} s")
-        bic = -2 * r.log_lik + V * np.log(B)
-        print(f"  precision A = sum(alpha) = {r.precision:.6g}; BIC {bic:.4f}")
+        print(f"Dirichlet-multinomial fit ({r.method}): log-likelihood {r.log_lik:.4f} "
+              f"(normalized pmf), {r.n_iter} iterations, converged={r.converged}, {dt:.2f} s")
+        bic, aic = -2 * r.log_lik + V * np.log(B), -2 * r.log_lik + 2 * V
+        print(f"  precision A = sum(alpha) = {r.precision:.6g}; BIC {bic:.1f}, AIC {aic:.1f} "
+              f"(-2 log L + penalty, {V} parameters; lower is better)")
+        _print_baseline(base_ll, V, B, half=False)
+        if (r.precision > MULTINOMIAL_LIMIT
+                or abs(r.log_lik - base_ll) <= MULTINOMIAL_RTOL * abs(base_ll)):
+            print("  no overdispersion: the DM has reached its multinomial limit")
         top = torch.argsort(r.alpha, descending=True)[:args.top].tolist()
         print("  largest alpha: " + ", ".join(f"{feature_names[i]} {float(r.alpha[i]):.4g}"
                                                for i in top))
@@ -240,14 +280,18 @@ def main(argv=None) -> int:
             print(f"model selection, k = {ks[0]}..{ks[-1]} ({what}, {args.n_init} runs from "
                   f"{max(args.n_screen, args.n_init)} seeds each, {dt:.2f} s); criteria as "
                   "DirichletMultinomial::dmn defines them (lower is better, half the usual "
-                  "BIC/AIC scale):")
+                  "BIC/AIC scale; log-lik: the normalized pmf):")
             print(selection.format_table())
             print(f"chosen k = {k} (Laplace)")
+            if k == max(ks) and len(ks) > 2:
+                print(f"  the lowest Laplace criterion is at k = {k}, the largest fitted: "
+                      f"a larger k may fit better (e.g. --k {k}-{k + 4})")
         else:
             m = fitted
         mixture = m
         print(f"{k}-component DM mixture (EM, {what}): log-likelihood {m.log_lik:.4f} "
-              f"(normalized pmf); Laplace {m.laplace:.2f}, BIC {m.bic:.2f}, AIC {m.aic:.2f}")
+              f"(normalized pmf); Laplace {m.laplace:.1f}, BIC {m.bic:.1f}, AIC {m.aic:.1f}")
+        _print_baseline(base_ll, V, B, half=True)
         print(f"  best restart: {m.n_iter} iterations, converged={m.converged}; restarts' "
               f"objectives " + ", ".join(f"{x:.2f}" for x in m.restart_log_liks)
               + f"; {dt:.2f} s")
@@ -258,10 +302,19 @@ def main(argv=None) -> int:
             print(f"  {j + 1}: weight {float(m.weights[j]):.3f}, precision "
                   f"{float(m.alpha[j].sum()):.4g}: "
                   + ", ".join(f"{feature_names[i]} {float(mean[j, i]):.1%}" for i in top))
+        at_limit = [j + 1 for j in range(k) if float(m.alpha[j].sum()) > MULTINOMIAL_LIMIT]
+        if at_limit:
+            print(f"  no overdispersion within component{'s' if len(at_limit) > 1 else ''} "
+                  + ", ".join(map(str, at_limit)) + ": precision above "
+                  f"{MULTINOMIAL_LIMIT:.0e}, the multinomial limit")
         assign = m.responsibilities.argmax(-1)
         if labels is not None:
             print(f"  adjusted Rand index of clusters vs labels: "
                   f"{adjusted_rand_index(assign, labels):.4f}")
+            if selection is not None:
+                print("  (every k: " + ", ".join(
+                    f"{kk}: {adjusted_rand_index(f.responsibilities.argmax(-1), labels):.4f}"
+                    for kk, f in zip(selection.ks, selection.fits)) + ")")
         params = dict(weights=m.weights.numpy(), log_alpha=m.log_alpha.numpy(),
                       alpha=m.alpha.numpy(), log_lik=m.log_lik, bic=m.bic, aic=m.aic,
                       n_iter=m.n_iter, converged=m.converged, assignments=assign.numpy())

@@ -65,6 +65,8 @@ class _Table(NamedTuple):
     row_names: Optional[List[str]]
     col_names: Optional[List[str]]
     corner: Optional[str]
+    lines: List[int]                # the file's line number of each data row
+    first_col: int                  # the file's column (1-based) of the first value
 
 
 def _is_number(t: str) -> bool:
@@ -127,7 +129,20 @@ def _read_delimited(path: str, delimiter: Optional[str],
             raise ValueError(f"{path}: the header has {len(header)} names for {width} "
                              "columns of values")
     return _Table(np.asarray(data, dtype=np.float64).reshape(len(data), width or 0),
-                  names, cols, corner)
+                  names, cols, corner, [i for i, _ in rows], 2 if index_col else 1)
+
+
+def _locator(table: Optional[_Table], transposed: bool):
+    """``where(i, j)``: the position of entry (i, j) of the loaded matrix
+    (rows = samples) in the file, 1-based as an editor or a spreadsheet shows
+    it: a text file's line and column, else row i + 1, column j + 1 of the
+    stored matrix (before any transposition)."""
+    def where(i: int, j: int) -> str:
+        r, c = (int(j), int(i)) if transposed else (int(i), int(j))
+        if table is not None:
+            return f"line {table.lines[r]}, column {c + table.first_col}"
+        return f"row {r + 1}, column {c + 1}"
+    return where
 
 
 def _read_npz(path: str, key: Optional[str]) -> np.ndarray:
@@ -229,7 +244,7 @@ def _read_sparse(path: str, key: Optional[str]):
     return scipy.sparse.csr_matrix(m)
 
 
-def _load_sparse(path: str, dtype: torch.dtype, require_integer: bool, m):
+def _load_sparse(path: str, dtype: torch.dtype, require_integer: bool, m, where):
     from .sparse import SparseCounts
     m.sum_duplicates()
     if m.shape[0] == 0 or m.shape[1] == 0:
@@ -244,8 +259,8 @@ def _load_sparse(path: str, dtype: torch.dtype, require_integer: bool, m):
                        "non-integer count")):
         if bad is not None and bad.any():
             j = int(np.argmax(bad))
-            raise ValueError(f"{path}: {what} {data[j]} at row {rows[j]}, column "
-                             f"{m.indices[j]} ({int(bad.sum())} in all)")
+            raise ValueError(f"{path}: {what} {data[j]} at {where(rows[j], m.indices[j])} "
+                             f"({int(bad.sum())} in all)")
     if dtype == torch.float32 and data.size and data.max() > _EXACT_FLOAT32:
         raise ValueError(f"{path}: counts up to {data.max():.0f} exceed 2^24 and are not "
                          "exact in float32; pass dtype=torch.float64")
@@ -319,7 +334,7 @@ def load_count_table(path, *, dtype: torch.dtype = torch.float32, key: Optional[
             sparse = is_sparse(path, key)
         else:
             sparse = key is None and is_sparse_file(path)
-    row_names = col_names = None
+    row_names = col_names = t = None
     suf = _suffix(path)
     if suf in _TEXT:
         try:
@@ -351,9 +366,10 @@ def load_count_table(path, *, dtype: torch.dtype = torch.float32, key: Optional[
         row_names, col_names = col_names, row_names
     if sparse:
         import scipy.sparse
-        counts = _load_sparse(path, dtype, require_integer, scipy.sparse.csr_matrix(arr))
+        counts = _load_sparse(path, dtype, require_integer, scipy.sparse.csr_matrix(arr),
+                              _locator(t, transposed))
     else:
-        counts = _checked_dense(arr, path, dtype, require_integer)
+        counts = _checked_dense(arr, path, dtype, require_integer, _locator(t, transposed))
     B, V = counts.shape
     return CountTable(counts, list(row_names) if row_names else [str(i + 1) for i in range(B)],
                       list(col_names) if col_names else [str(i + 1) for i in range(V)],
@@ -361,7 +377,7 @@ def load_count_table(path, *, dtype: torch.dtype = torch.float32, key: Optional[
 
 
 def _checked_dense(arr: np.ndarray, path: str, dtype: torch.dtype,
-                   require_integer: bool) -> Tensor:
+                   require_integer: bool, where) -> Tensor:
     if arr.dtype == object or not (np.issubdtype(arr.dtype, np.number)
                                    or arr.dtype == np.bool_):
         raise ValueError(f"{path}: expected numeric counts, got dtype {arr.dtype}")
@@ -376,18 +392,18 @@ def _checked_dense(arr: np.ndarray, path: str, dtype: torch.dtype,
     bad = ~np.isfinite(arr)
     if bad.any():
         i, j = np.argwhere(bad)[0]
-        raise ValueError(f"{path}: non-finite value {arr[i, j]} at row {i}, column {j} "
+        raise ValueError(f"{path}: non-finite value {arr[i, j]} at {where(i, j)} "
                          f"({int(bad.sum())} in all)")
     neg = arr < 0
     if neg.any():
         i, j = np.argwhere(neg)[0]
-        raise ValueError(f"{path}: negative count {arr[i, j]} at row {i}, column {j} "
+        raise ValueError(f"{path}: negative count {arr[i, j]} at {where(i, j)} "
                          f"({int(neg.sum())} in all)")
     if require_integer:
         frac = arr != np.floor(arr)
         if frac.any():
             i, j = np.argwhere(frac)[0]
-            raise ValueError(f"{path}: non-integer count {arr[i, j]} at row {i}, column {j}")
+            raise ValueError(f"{path}: non-integer count {arr[i, j]} at {where(i, j)}")
     if dtype == torch.float32 and arr.max() > _EXACT_FLOAT32:
         raise ValueError(f"{path}: counts up to {arr.max():.0f} exceed 2^24 and are not "
                          "exact in float32; pass dtype=torch.float64")

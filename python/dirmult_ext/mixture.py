@@ -43,6 +43,7 @@ from .fit import (_HALVINGS, MAX_ALPHA, Reducer, _Rows, _as_counts, _check_commo
                   _default_progress, _fixed_point_step, _identity, _moment_init,
                   _newton_step, _optimize, _prepass, _resolve_device, _stats)
 from .sparse import SparseCounts
+from .threads import fit_threads
 from .sparse_stats import sq_distances
 
 __all__ = ["fit_mixture", "DMMixture", "DMClassifier", "adjusted_rand_index",
@@ -487,7 +488,10 @@ def fit_mixture(counts, k: Union[int, Iterable[int]], *, n_init: int = 3,
         if max(ks) > counts.shape[0]:
             raise ValueError(f"k={max(ks)} components need at least {max(ks)} rows, "
                              f"got {counts.shape[0]}")
-        return ModelSelection(fits=[fit_mixture(counts, kk, **kw) for kk in ks], ks=ks)
+        # one thread count for the whole table of fits (See Note [Fit threads])
+        with fit_threads(counts.shape[0] * counts.shape[1] * max(ks), _resolve_device(
+                counts, device)):
+            return ModelSelection(fits=[fit_mixture(counts, kk, **kw) for kk in ks], ks=ks)
     _check_mixture_args(k, n_init, n_screen, screen_iter, init, m_steps, tol, max_iter,
                         min_alpha)
     k = int(k)
@@ -497,31 +501,33 @@ def fit_mixture(counts, k: Union[int, Iterable[int]], *, n_init: int = 3,
     if B < k:
         raise ValueError(f"k={k} components need at least {k} rows, got {B}")
     dev = _resolve_device(counts, device)
-    rows = _Rows(counts, None, dev, batch_size)
-    _prepass(rows)                          # validates; sets rows.N, rows.c
-    gen = torch.Generator()
-    gen.manual_seed(int(seed) if seed is not None else int(torch.seed() % (2 ** 63)))
-    if init == "kmeans++":
-        def start(i):
-            return _kmeanspp(rows, k, gen)
-    else:
-        base = gen.initial_seed()
+    with fit_threads(B * V * k, dev):  # See Note [Fit threads]
+        rows = _Rows(counts, None, dev, batch_size)
+        _prepass(rows)                          # validates; sets rows.N, rows.c
+        gen = torch.Generator()
+        gen.manual_seed(int(seed) if seed is not None else int(torch.seed() % (2 ** 63)))
+        if init == "kmeans++":
+            def start(i):
+                return _kmeanspp(rows, k, gen)
+        else:
+            base = gen.initial_seed()
 
-        def start(i):
-            return random_responsibilities(0, B, k, base, i, dev)
-    show = _default_progress(progress, B * V * k * n_init, batch_size is not None)
-    bar = None
-    if show:
-        from tqdm.auto import tqdm
-        bar = tqdm(total=n_init * max_iter, desc="fit_mixture", file=sys.stderr, leave=False)
-    try:
-        best, finals = _best_run(rows, k, start, n_init=n_init, n_screen=n_screen,
-                                 screen_iter=screen_iter, bar=bar, max_iter=max_iter,
-                                 tol=tol, m_steps=m_steps, min_alpha=min_alpha, prior=prior)
-    finally:
-        if bar is not None:
-            bar.close()
-    return _mixture_result(best, finals, k, V, B, prior)
+            def start(i):
+                return random_responsibilities(0, B, k, base, i, dev)
+        show = _default_progress(progress, B * V * k * n_init, batch_size is not None)
+        bar = None
+        if show:
+            from tqdm.auto import tqdm
+            bar = tqdm(total=n_init * max_iter, desc="fit_mixture", file=sys.stderr,
+                       leave=False)
+        try:
+            best, finals = _best_run(rows, k, start, n_init=n_init, n_screen=n_screen,
+                                     screen_iter=screen_iter, bar=bar, max_iter=max_iter,
+                                     tol=tol, m_steps=m_steps, min_alpha=min_alpha, prior=prior)
+        finally:
+            if bar is not None:
+                bar.close()
+        return _mixture_result(best, finals, k, V, B, prior)
 
 
 # ---------------------------------------------------------------------------
@@ -564,12 +570,13 @@ class DMClassifier:
         dev = _resolve_device(counts, self.device)
         Y = torch.nn.functional.one_hot(torch.as_tensor(codes, dtype=torch.int64), C)
         rows = _Rows(counts, Y.to(torch.float64), dev, None)
-        pre = _prepass(rows)
-        eta0 = _moment_init(pre, self.min_alpha)
-        eta, _, _, _, conv, _ = _optimize(
-            rows, eta0, pre, method=self.method, tol=self.tol,
-            gtol=0.01 * math.sqrt(self.tol), max_iter=self.max_iter,
-            min_alpha=self.min_alpha)
+        with fit_threads(counts.shape[0] * counts.shape[1] * C, dev):  # Note [Fit threads]
+            pre = _prepass(rows)
+            eta0 = _moment_init(pre, self.min_alpha)
+            eta, _, _, _, conv, _ = _optimize(
+                rows, eta0, pre, method=self.method, tol=self.tol,
+                gtol=0.01 * math.sqrt(self.tol), max_iter=self.max_iter,
+                min_alpha=self.min_alpha)
         self.log_alpha_ = eta.detach().cpu()
         n = Y.sum(0).to(torch.float64)
         self.log_prior_ = ((n / n.sum()).log() if self.prior == "empirical"

@@ -75,6 +75,7 @@ from torch import Tensor, nn
 
 from .api import log_lik
 from .regression_api import log_lik_regression
+from .threads import fit_threads
 
 __all__ = ["fit_regression", "DMRegressionFit", "DirichletMultinomialRegression",
            "MAX_EXACT_SE_PARAMS"]
@@ -929,113 +930,114 @@ def fit_regression(counts, X, *, bias: bool = True, penalty: Optional[str] = Non
     elif B == 0:
         raise ValueError("counts has no rows")
 
-    data = _Data(counts, X, w, dev, batch_size)
-    n_rows, wsum, C, sx, sxx = _prepass(data, reduce)
-    if wsum <= 0:
-        raise ValueError("the rows have zero total weight: nothing to fit")
-    mu = sx / n_rows
-    if bias:
-        var = (sxx / n_rows - mu * mu).clamp_min(0)
-        const = var <= 1e-12 * mu * mu + 1e-300
-        scale = var.sqrt()
-    else:
-        scale = (sxx / n_rows).sqrt()
-        const = scale == 0
-        mu = torch.zeros_like(mu)
-    if bool(const.any()):
-        j = int(const.nonzero()[0])
-        what = ("constant: with bias=True it duplicates the intercept (drop it, or pass "
-                "bias=False)" if bias else "all zeros")
-        raise ValueError(f"X column {j} ({covariate_names[j]}) is {what}")
-    data.set_standardization(mu, scale)
-
-    # start: W = 0, bias = a single DM fit (its optimum at W = 0)
-    null_ll = float("nan")
-    if bias:
-        rows = _Rows(counts, w, dev, batch_size)
-        dm = _fit_rows(rows, init=None, method="newton", tol=1e-10, gtol=1e-7,
-                       max_iter=500, min_alpha=1e-10, progress=False, reduce=reduce)
-        bs0 = dm.log_alpha.to(dev)
-        null_ll = dm.log_lik
-    else:
-        bs0 = None
-    Ws0 = torch.zeros(P, V, dtype=torch.float64, device=dev)
-    prob = _Problem(data, bias, penalty, float(lam), wsum, reduce)
-    bar = None
-    if progress and rank0:
-        from tqdm.auto import tqdm
-        bar = tqdm(total=max_iter, desc="fit_regression", file=sys.stderr, leave=False)
-    try:
-        run = _lbfgs if method == "lbfgs" else _prox_lbfgs
-        Ws, bs, trace, n_iter, converged, gnorm = run(prob, Ws0, bs0, tol=tol, gtol=gtol,
-                                                      max_iter=max_iter, bar=bar)
-    finally:
-        if bar is not None:
-            bar.close()
-    if not converged:
-        warnings.warn(f"fit_regression: not converged in {n_iter} iterations (gradient "
-                      f"{gnorm:.3g}, gtol {gtol:g})", RuntimeWarning, stacklevel=2)
-
-    T0 = _transform(P, bias, mu, scale)
-    Theta_s = Ws if bs is None else torch.cat([Ws, bs.unsqueeze(0)])
-    Theta = T0 @ Theta_s
-    W_hat = Theta[:P]
-    b_hat = Theta[P] if bias else torch.zeros(V, dtype=torch.float64, device=dev)
-    f_smooth = trace[-1] - prob.nonsmooth(Ws)
-    pen_total = trace[-1] * wsum
-    ll_unnorm = -f_smooth * wsum
-    if penalty == "l2":
-        ll_unnorm += 0.5 * lam * float((W_hat * W_hat).sum())
-    log_lik_total = ll_unnorm + C
-
-    nan = torch.full((P + 1, V), float("nan"), dtype=torch.float64)
-    se_all = nan.clone()
-    cov = None
-    se_method = None
-    active = Ws.norm(dim=1) > 0 if penalty == "group_lasso" and lam > 0 else \
-        torch.ones(P, dtype=torch.bool, device=dev)
-    if se:
-        n_par = (P + int(bias)) * V
-        if n_par <= MAX_EXACT_SE_PARAMS:
-            cov = _exact_cov(data, prob, Ws, bs, bias, active, T0, reduce)
-            if cov is not None:
-                cov = cov.cpu()
-                se_method = "exact"
-                sd = cov.diagonal().clamp_min(0).sqrt().view(P + int(bias), V)
-                se_all[:P + int(bias)] = sd
+    with fit_threads(B * V * (P + 1), dev):  # See Note [Fit threads]
+        data = _Data(counts, X, w, dev, batch_size)
+        n_rows, wsum, C, sx, sxx = _prepass(data, reduce)
+        if wsum <= 0:
+            raise ValueError("the rows have zero total weight: nothing to fit")
+        mu = sx / n_rows
+        if bias:
+            var = (sxx / n_rows - mu * mu).clamp_min(0)
+            const = var <= 1e-12 * mu * mu + 1e-300
+            scale = var.sqrt()
         else:
-            req = _rows_for(se_for, covariate_names, bias)
-            if not req:
-                warnings.warn(f"fit_regression: {n_par} coefficients exceed "
-                              f"MAX_EXACT_SE_PARAMS = {MAX_EXACT_SE_PARAMS}; standard errors "
-                              "are computed only for the covariates named in se_for (by "
-                              "conjugate gradients)", RuntimeWarning, stacklevel=2)
+            scale = (sxx / n_rows).sqrt()
+            const = scale == 0
+            mu = torch.zeros_like(mu)
+        if bool(const.any()):
+            j = int(const.nonzero()[0])
+            what = ("constant: with bias=True it duplicates the intercept (drop it, or pass "
+                    "bias=False)" if bias else "all zeros")
+            raise ValueError(f"X column {j} ({covariate_names[j]}) is {what}")
+        data.set_standardization(mu, scale)
+
+        # start: W = 0, bias = a single DM fit (its optimum at W = 0)
+        null_ll = float("nan")
+        if bias:
+            rows = _Rows(counts, w, dev, batch_size)
+            dm = _fit_rows(rows, init=None, method="newton", tol=1e-10, gtol=1e-7,
+                           max_iter=500, min_alpha=1e-10, progress=False, reduce=reduce)
+            bs0 = dm.log_alpha.to(dev)
+            null_ll = dm.log_lik
+        else:
+            bs0 = None
+        Ws0 = torch.zeros(P, V, dtype=torch.float64, device=dev)
+        prob = _Problem(data, bias, penalty, float(lam), wsum, reduce)
+        bar = None
+        if progress and rank0:
+            from tqdm.auto import tqdm
+            bar = tqdm(total=max_iter, desc="fit_regression", file=sys.stderr, leave=False)
+        try:
+            run = _lbfgs if method == "lbfgs" else _prox_lbfgs
+            Ws, bs, trace, n_iter, converged, gnorm = run(prob, Ws0, bs0, tol=tol, gtol=gtol,
+                                                          max_iter=max_iter, bar=bar)
+        finally:
+            if bar is not None:
+                bar.close()
+        if not converged:
+            warnings.warn(f"fit_regression: not converged in {n_iter} iterations (gradient "
+                          f"{gnorm:.3g}, gtol {gtol:g})", RuntimeWarning, stacklevel=2)
+
+        T0 = _transform(P, bias, mu, scale)
+        Theta_s = Ws if bs is None else torch.cat([Ws, bs.unsqueeze(0)])
+        Theta = T0 @ Theta_s
+        W_hat = Theta[:P]
+        b_hat = Theta[P] if bias else torch.zeros(V, dtype=torch.float64, device=dev)
+        f_smooth = trace[-1] - prob.nonsmooth(Ws)
+        pen_total = trace[-1] * wsum
+        ll_unnorm = -f_smooth * wsum
+        if penalty == "l2":
+            ll_unnorm += 0.5 * lam * float((W_hat * W_hat).sum())
+        log_lik_total = ll_unnorm + C
+
+        nan = torch.full((P + 1, V), float("nan"), dtype=torch.float64)
+        se_all = nan.clone()
+        cov = None
+        se_method = None
+        active = Ws.norm(dim=1) > 0 if penalty == "group_lasso" and lam > 0 else \
+            torch.ones(P, dtype=torch.bool, device=dev)
+        if se:
+            n_par = (P + int(bias)) * V
+            if n_par <= MAX_EXACT_SE_PARAMS:
+                cov = _exact_cov(data, prob, Ws, bs, bias, active, T0, reduce)
+                if cov is not None:
+                    cov = cov.cpu()
+                    se_method = "exact"
+                    sd = cov.diagonal().clamp_min(0).sqrt().view(P + int(bias), V)
+                    se_all[:P + int(bias)] = sd
             else:
-                var = _cg_variances(data, prob, Ws, bs, bias, req, T0, reduce, active).cpu()
-                for i, r in enumerate(req):
-                    se_all[r] = var[i].clamp_min(0).sqrt()
-                se_method = "cg"
-        # group lasso: zero rows have no SE
-        se_all[:P][~active.cpu()] = float("nan")
-    W_hat, b_hat = W_hat.cpu(), b_hat.cpu()
-    est = torch.cat([W_hat, b_hat.unsqueeze(0)])
-    z = est / se_all
-    p = _p_value(z)
-    if not bias:
-        se_all[P] = z[P] = p[P] = float("nan")
-    return DMRegressionFit(
-        W=W_hat, bias=b_hat, log_lik=float(log_lik_total), objective=float(pen_total - C),
-        null_log_lik=null_ll, n_iter=n_iter, converged=bool(converged), grad_norm=gnorm,
-        method=method, penalty=penalty, lam=float(lam), has_bias=bias,
-        se_W=se_all[:P], se_bias=se_all[P], z_W=z[:P], z_bias=z[P], p_W=p[:P], p_bias=p[P],
-        cov=cov, se_method=se_method, covariate_names=covariate_names,
-        category_names=category_names, n_rows=int(n_rows),
-        objective_trace=[x * wsum - C for x in trace])
+                req = _rows_for(se_for, covariate_names, bias)
+                if not req:
+                    warnings.warn(f"fit_regression: {n_par} coefficients exceed "
+                                  f"MAX_EXACT_SE_PARAMS = {MAX_EXACT_SE_PARAMS}; standard errors "
+                                  "are computed only for the covariates named in se_for (by "
+                                  "conjugate gradients)", RuntimeWarning, stacklevel=2)
+                else:
+                    var = _cg_variances(data, prob, Ws, bs, bias, req, T0, reduce, active).cpu()
+                    for i, r in enumerate(req):
+                        se_all[r] = var[i].clamp_min(0).sqrt()
+                    se_method = "cg"
+            # group lasso: zero rows have no SE
+            se_all[:P][~active.cpu()] = float("nan")
+        W_hat, b_hat = W_hat.cpu(), b_hat.cpu()
+        est = torch.cat([W_hat, b_hat.unsqueeze(0)])
+        z = est / se_all
+        p = _p_value(z)
+        if not bias:
+            se_all[P] = z[P] = p[P] = float("nan")
+        return DMRegressionFit(
+            W=W_hat, bias=b_hat, log_lik=float(log_lik_total), objective=float(pen_total - C),
+            null_log_lik=null_ll, n_iter=n_iter, converged=bool(converged), grad_norm=gnorm,
+            method=method, penalty=penalty, lam=float(lam), has_bias=bias,
+            se_W=se_all[:P], se_bias=se_all[P], z_W=z[:P], z_bias=z[P], p_W=p[:P], p_bias=p[P],
+            cov=cov, se_method=se_method, covariate_names=covariate_names,
+            category_names=category_names, n_rows=int(n_rows),
+            objective_trace=[x * wsum - C for x in trace])
 
 
-# ---------------------------------------------------------------------------
-# the module
-# ---------------------------------------------------------------------------
+    # ---------------------------------------------------------------------------
+    # the module
+    # ---------------------------------------------------------------------------
 class DirichletMultinomialRegression(nn.Module):
     """A DM output layer: ``log alpha = x @ weight + bias``, ``forward(x,
     counts)`` the per-row log-likelihood ``(B,)`` (use ``-out.mean()`` as
