@@ -256,8 +256,8 @@ def _as_covariates(X, B: Optional[int], P: Optional[int] = None, name: str = "X"
     bad = ~torch.isfinite(X)
     if bool(bad.any()):
         i, j = (int(t) for t in bad.nonzero()[0])
-        raise ValueError(f"{name} must be finite: {float(X[i, j])} at row {i}, column {j} "
-                         f"({int(bad.sum())} in all)")
+        raise ValueError(f"{name} must be finite: {float(X[i, j])} at row {i + 1}, column {j + 1} "
+                         f"(1-based; {int(bad.sum())} in all)")
     return X
 
 
@@ -948,7 +948,7 @@ def fit_regression(counts, X, *, bias: bool = True, penalty: Optional[str] = Non
             j = int(const.nonzero()[0])
             what = ("constant: with bias=True it duplicates the intercept (drop it, or pass "
                     "bias=False)" if bias else "all zeros")
-            raise ValueError(f"X column {j} ({covariate_names[j]}) is {what}")
+            raise ValueError(f"X column {j + 1} ({covariate_names[j]}) is {what}")
         data.set_standardization(mu, scale)
 
         # start: W = 0, bias = a single DM fit (its optimum at W = 0)
