@@ -176,6 +176,13 @@ def test_cli_mixture_with_labels(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "2-component DM mixture" in text and "BIC" in text
     assert "adjusted Rand index" in text and "naive Bayes" in text
+    acc = [float(a) for a in re.findall(r"accuracy ([\d.]+)", text)]
+    m = re.search(r"difference ([+-][\d.]+), paired standard error ([\d.]+) over (\d+) "
+                  r"test rows \((\d+) classified differently\)", text)
+    assert m is not None and len(acc) == 2
+    diff, se, n_te, disc = float(m[1]), float(m[2]), int(m[3]), int(m[4])
+    assert abs(diff - (acc[0] - acc[1])) < 2e-4 and 0 <= disc <= n_te
+    assert abs(se - disc ** 0.5 / n_te) < 1e-4 and abs(diff) <= disc / n_te + 1e-4
     saved = np.load(out)
     assert saved["log_alpha"].shape == (2, V) and saved["weights"].shape == (2,)
     assert float(saved["classifier_accuracy"]) > 0.95

@@ -16,6 +16,7 @@ DM mixture to a count matrix, print a summary, save the parameters.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from typing import List, Optional
@@ -323,14 +324,25 @@ def main(argv=None) -> int:
         C = len(classes)
         t0 = time.perf_counter()
         clf = DMClassifier(device=device).fit(counts[tr], labels[tr])
-        acc_dm = float((torch.as_tensor(clf.predict(counts[te])) == labels[te]).double().mean())
+        right_dm = torch.as_tensor(clf.predict(counts[te])) == labels[te]
+        acc_dm = float(right_dm.double().mean())
         t_dm = time.perf_counter() - t0
-        pred = multinomial_naive_bayes(counts[tr], labels[tr], counts[te], C)
-        acc_nb = float((pred == labels[te]).double().mean())
+        right_nb = multinomial_naive_bayes(counts[tr], labels[tr], counts[te], C) == labels[te]
+        acc_nb = float(right_nb.double().mean())
         print(f"classification, seeded split (seed {args.seed}): {len(tr)} train / "
               f"{len(te)} test rows, {C} classes")
         print(f"  class-conditional DM classifier: accuracy {acc_dm:.4f} ({t_dm:.2f} s)")
         print(f"  multinomial naive Bayes (Laplace): accuracy {acc_nb:.4f}")
+        # Paired over the same test rows: only the rows where one is right and
+        # the other wrong carry the difference (its standard error as McNemar's).
+        n_te = max(len(te), 1)
+        discordant = int((right_dm != right_nb).sum())
+        se = math.sqrt(discordant) / n_te
+        diff = acc_dm - acc_nb
+        verdict = ("within two standard errors: no difference this split can show"
+                   if abs(diff) <= 2 * se else "beyond two standard errors")
+        print(f"  difference {diff:+.4f}, paired standard error {se:.4f} over {len(te)} "
+              f"test rows ({discordant} classified differently): {verdict}")
         params.update(classifier_log_alpha=clf.log_alpha_.numpy(),
                       classifier_log_prior=clf.log_prior_.numpy(),
                       classifier_accuracy=acc_dm, naive_bayes_accuracy=acc_nb)
