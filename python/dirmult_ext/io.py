@@ -36,7 +36,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["load_counts", "load_count_table", "CountTable", "load_labels", "is_sparse_file"]
+__all__ = ["load_counts", "load_count_table", "CountTable", "load_labels", "load_covariates",
+           "is_sparse_file"]
 
 _EXACT_FLOAT32 = 2 ** 24
 
@@ -443,3 +444,38 @@ def load_labels(path, n_rows: Optional[int] = None) -> Tuple[Tensor, np.ndarray]
         raise ValueError(f"{path}: {lab.shape[0]} labels for {n_rows} rows")
     classes, codes = np.unique(lab, return_inverse=True)
     return torch.from_numpy(codes.astype(np.int64)), classes
+
+
+def load_covariates(path) -> Tuple[np.ndarray, Optional[List[str]], List[str]]:
+    """Read a samples x covariates table: (values (B, P) float64, sample
+    names or None, covariate names). Numeric values only."""
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path}: no such file")
+    suf = _suffix(path)
+    if suf == ".npy":
+        arr = np.load(path, allow_pickle=False)
+        if arr.ndim == 1:
+            arr = arr[:, None]
+        if arr.ndim != 2 or not np.issubdtype(arr.dtype, np.number):
+            raise ValueError(f"{path}: expected a numeric (samples, covariates) matrix, got "
+                             f"dtype {arr.dtype} shape {arr.shape}")
+        return arr.astype(np.float64), None, [f"x{j + 1}" for j in range(arr.shape[1])]
+    if suf not in _TEXT:
+        raise ValueError(f"{path}: covariates must be .csv, .tsv, .txt (optionally .gz) or "
+                         ".npy, got {suf or '(no suffix)'!r}")
+    try:
+        t = _read_delimited(path, _TEXT[suf])
+    except ValueError as e:
+        msg = str(e)
+        if "not a numeric table" in msg:
+            msg += (" (covariates must be numeric: code a categorical covariate as 0/1 "
+                    "indicator columns)")
+        raise ValueError(f"covariates {msg}") from None
+    except (OSError, EOFError) as e:
+        raise ValueError(f"{path}: cannot read ({e})") from None
+    if t.values.size == 0:
+        raise ValueError(f"{path}: no covariates")
+    P = t.values.shape[1]
+    names = t.col_names or [f"x{j + 1}" for j in range(P)]
+    return t.values, t.row_names, list(names)

@@ -15,51 +15,14 @@ covariate rows are ignored), else by order.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
-from typing import List, Optional, Tuple
+from typing import List, Optional
 
 import numpy as np
 import torch
 
-__all__ = ["main", "load_covariates", "match_samples"]
-
-
-def load_covariates(path) -> Tuple[np.ndarray, Optional[List[str]], List[str]]:
-    """Read a samples x covariates table: (values (B, P) float64, sample
-    names or None, covariate names). Numeric values only."""
-    from .io import _TEXT, _read_delimited, _suffix
-    path = os.fspath(path)
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"{path}: no such file")
-    suf = _suffix(path)
-    if suf == ".npy":
-        arr = np.load(path, allow_pickle=False)
-        if arr.ndim == 1:
-            arr = arr[:, None]
-        if arr.ndim != 2 or not np.issubdtype(arr.dtype, np.number):
-            raise ValueError(f"{path}: expected a numeric (samples, covariates) matrix, got "
-                             f"dtype {arr.dtype} shape {arr.shape}")
-        return arr.astype(np.float64), None, [f"x{j + 1}" for j in range(arr.shape[1])]
-    if suf not in _TEXT:
-        raise ValueError(f"{path}: covariates must be .csv, .tsv, .txt (optionally .gz) or "
-                         ".npy, got {suf or '(no suffix)'!r}")
-    try:
-        t = _read_delimited(path, _TEXT[suf])
-    except ValueError as e:
-        msg = str(e)
-        if "not a numeric table" in msg:
-            msg += (" (covariates must be numeric: code a categorical covariate as 0/1 "
-                    "indicator columns)")
-        raise ValueError(f"covariates {msg}") from None
-    except (OSError, EOFError) as e:
-        raise ValueError(f"{path}: cannot read ({e})") from None
-    if t.values.size == 0:
-        raise ValueError(f"{path}: no covariates")
-    P = t.values.shape[1]
-    names = t.col_names or [f"x{j + 1}" for j in range(P)]
-    return t.values, t.row_names, list(names)
+__all__ = ["main", "match_samples"]
 
 
 def match_samples(sample_names: List[str], counts_named: bool,
@@ -122,7 +85,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     from .fit_cli import pick_device
-    from .io import load_count_table
+    from .io import load_count_table, load_covariates
     from .regression import fit_regression
 
     t0 = time.perf_counter()
