@@ -9,7 +9,7 @@
 #   compute-sanitizer (memcheck and racecheck) on every kernel, the 2-GPU fit
 #   when two GPUs are present, the benchmark, and Nsight Compute on the hot
 #   kernels. Logs go to $OUT (default ./gpu_out).
-# Stages can be picked: scripts/gpu/gpu_check.sh [wheel] [sass] [check] [probe] [test] [sanitize] [multigpu] [bench] [profile] [profile_csr]
+# Stages can be picked: scripts/gpu/gpu_check.sh [wheel] [sass] [check] [probe] [test] [sanitize] [multigpu] [bench] [profile] [profile_csr] [profile_regression]
 # (every stage but wheel needs a wheel installed by an earlier wheel stage).
 # Environment:
 #   DIRMULT_SASS_BASELINE=F  sass stage: F, a _C_cuda.so of an earlier build, against
@@ -149,6 +149,14 @@ if has profile_csr && command -v ncu >/dev/null; then
     --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
     --section LaunchStats --section WarpStateStats --section SchedulerStats \
     "$PY" "$REPO/scripts/gpu/profile_csr_kernels.py"
+fi
+# The fused regression kernels at the benchmark's shape.
+if has profile_regression && command -v ncu >/dev/null; then
+  run_stage profile_regression "ncu, regression" timeout 300 ncu --clock-control none \
+    -k "regex:regression_" --section SpeedOfLight --section MemoryWorkloadAnalysis \
+    --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats \
+    --section ComputeWorkloadAnalysis --section SourceCounters \
+    "$PY" "$REPO/scripts/gpu/profile_regression_kernels.py"
 fi
 echo "=== summary"
 printf '%s\n' "${summary[@]}" | tee -a "$OUT/summary.txt"

@@ -12,6 +12,7 @@
 #include "../common/csr_dispatch.h"
 #include "kernels/ceil_div.cuh"
 #include "launch.h"
+#include "policy.h"
 #include "kernels/csr_alpha.cuh"
 #include "kernels/csr_backward.cuh"
 #include "kernels/csr_forward.cuh"
@@ -20,22 +21,28 @@ namespace dirmult {
 namespace cuda {
 namespace {
 
-// The prepared concentrations of one call: cols (V, K) and the totals A (K,).
+// The prepared concentrations of one call: cols (V, K), the totals A (K,)
+// and, when asked, the forward's table (V, kCsrTableCounts, K).
 struct CsrPrep {
-  Tensor cols, A;
+  Tensor cols, A, table;
 };
 
 template <typename T>
-CsrPrep prepare_alpha(const Tensor& log_alpha, int64_t K, int64_t V, cudaStream_t stream) {
+CsrPrep prepare_alpha(const Tensor& log_alpha, int64_t K, int64_t V, bool with_table,
+                      cudaStream_t stream) {
   const int nblk = csr_prep_blocks(V);
   CsrPrep p;
   p.cols = torch::stable::new_empty(log_alpha, {std::max<int64_t>(V * K, 1) * 4});
   Tensor Apart = torch::stable::new_empty(log_alpha, {K * nblk}, ScalarType::Double);
   p.A = torch::stable::new_empty(log_alpha, {K}, ScalarType::Double);
+  if (with_table) {
+    p.table = torch::stable::new_empty(log_alpha, {std::max<int64_t>(V * K * kCsrTableCounts, 1)});
+  }
   csr_alpha_prep_kernel<T><<<dim3(nblk, static_cast<unsigned>(K)), kCsrPrepThreads, 0, stream>>>(
       static_cast<const T*>(log_alpha.const_data_ptr()), V, static_cast<int>(K),
       static_cast<CsrColumn<T>*>(p.cols.mutable_data_ptr()),
-      static_cast<double*>(Apart.mutable_data_ptr()));
+      static_cast<double*>(Apart.mutable_data_ptr()),
+      with_table ? static_cast<T*>(p.table.mutable_data_ptr()) : nullptr);
   DM_CUDA_CHECK_LAUNCH();
   csr_alpha_totals_kernel<<<static_cast<unsigned>(ceil_div(K, 32)), 32, 0, stream>>>(
       static_cast<const double*>(Apart.const_data_ptr()), nblk, static_cast<int>(K),
@@ -61,8 +68,35 @@ Tensor log_lik_csr_cuda(Tensor crow, Tensor col, Tensor val, Tensor log_alpha, b
   if (B == 0 || K == 0) return out;
   const cudaStream_t stream = current_stream(log_alpha.get_device_index());
   DM_DISPATCH_COMPUTE(log_alpha.scalar_type(), [&] {
-    const CsrPrep p = prepare_alpha<scalar_t>(log_alpha, K, V, stream);
+    const bool table = csr_forward_uses_table(V, K, kCsrTableCounts, sizeof(scalar_t));
+    const CsrPrep p = prepare_alpha<scalar_t>(log_alpha, K, V, table, stream);
     DM_DISPATCH_CSR(crow.scalar_type(), val.scalar_type(), [&] {
+      if (table) {
+        const bool short_rows = csr_forward_short_rows(B, nnz);
+        auto launch = [&](auto rows, auto walk) {
+          constexpr int R = decltype(rows)::value, KW = decltype(walk)::value;
+          csr_forward_table_kernel<scalar_t, value_t, index_t, R, KW>
+              <<<static_cast<unsigned>(ceil_div(ceil_div(B, R), kCsrRowsPerBlock)),
+                 kCsrRowsPerBlock * 32, 0, stream>>>(
+                  static_cast<const index_t*>(crow.const_data_ptr()),
+                  static_cast<const index_t*>(col.const_data_ptr()),
+                  static_cast<const value_t*>(val.const_data_ptr()), B, nnz, V,
+                  static_cast<int>(K), static_cast<const scalar_t*>(p.table.const_data_ptr()),
+                  static_cast<const CsrColumn<scalar_t>*>(p.cols.const_data_ptr()),
+                  static_cast<const double*>(p.A.const_data_ptr()), normalize,
+                  static_cast<scalar_t*>(out.mutable_data_ptr()));
+        };
+        using One = std::integral_constant<int, 1>;
+        using Short = std::integral_constant<int, kCsrRowsPerWarpShort>;
+        using Walk = std::integral_constant<int, kCsrWalkComponents>;
+        if (K == 1) {
+          short_rows ? launch(Short{}, One{}) : launch(One{}, One{});
+        } else {
+          short_rows ? launch(Short{}, Walk{}) : launch(One{}, Walk{});
+        }
+        DM_CUDA_CHECK_LAUNCH();
+        return;
+      }
       csr_forward_kernel<scalar_t, value_t, index_t>
           <<<static_cast<unsigned>(ceil_div(B, kCsrRowsPerBlock)), kCsrRowsPerBlock * 32, 0,
              stream>>>(static_cast<const index_t*>(crow.const_data_ptr()),
@@ -101,7 +135,7 @@ Tensor log_lik_csr_backward_cuda(Tensor grad, Tensor crow, Tensor val, Tensor cs
                                          ScalarType::Double);
   Tensor S = torch::stable::new_empty(log_alpha, {K}, ScalarType::Double);
   DM_DISPATCH_COMPUTE(log_alpha.scalar_type(), [&] {
-    const CsrPrep p = prepare_alpha<scalar_t>(log_alpha, K, V, stream);
+    const CsrPrep p = prepare_alpha<scalar_t>(log_alpha, K, V, false, stream);
     DM_DISPATCH_CSR(crow.scalar_type(), val.scalar_type(), [&] {
       const auto* g = static_cast<const scalar_t*>(grad.const_data_ptr());
       const auto* A = static_cast<const double*>(p.A.const_data_ptr());

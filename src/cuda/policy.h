@@ -118,6 +118,25 @@ bool components_as_shared_backward(int64_t B, int64_t V, int64_t K);
 enum class ComponentsWay { kByRule, kFused, kPerComponent };
 ComponentsWay components_way_setting();
 
+// ---- CSR counts: log_lik_csr (See Note [CSR tables]).
+
+// The forward reads lnpoch of counts up to kMaxExactCount from a table of
+// (V, 16, K) entries, gathered through L2, up to this size; larger tables
+// (many components of many columns) take the per-nonzero math.
+constexpr int64_t kCsrTableMaxBytes = int64_t{32} << 20;
+
+inline bool csr_forward_uses_table(int64_t V, int64_t K, int64_t counts, size_t elem_bytes) {
+  return V * K * counts * static_cast<int64_t>(elem_bytes) <= kCsrTableMaxBytes;
+}
+
+// Rows per warp of the table forward: one where the rows are long (the
+// warp's walk dominates), else 32, each finished by its own lane.
+constexpr int64_t kCsrLongRowNonzeros = 256;
+
+inline bool csr_forward_short_rows(int64_t B, int64_t nnz) {
+  return nnz < kCsrLongRowNonzeros * B;
+}
+
 // ---- log_lik_regression (See Note [Regression fusion]).
 
 // Threads per block of the fused regression kernels: each owns `cols`

@@ -1,6 +1,7 @@
 // Per-(column, component) concentration state for the CSR kernels and the
-// totals A_k, computed once per call (no exp or division per nonzero).
-// See Note [CSR inputs].
+// totals A_k, computed once per call (no exp or division per nonzero), and
+// the forward's table of lnpoch over the exact counts. See Note [CSR inputs]
+// and Note [CSR tables].
 #pragma once
 
 #include "ceil_div.cuh"
@@ -35,6 +36,32 @@ __device__ __forceinline__ CsrColumn<T> load_csr_column(const CsrColumn<T>* p) {
   return c;
 }
 
+// The CSR forward's table: lnpoch(a_kc, n) for n = 1 .. kMaxExactCount,
+// laid out (V, n, K), so that one nonzero's K components are adjacent.
+constexpr int kCsrTableCounts = kMaxExactCount;
+
+__host__ __device__ __forceinline__ int64_t csr_table_index(int64_t c, int n, int K) {
+  return (c * kCsrTableCounts + (n - 1)) * K;
+}
+
+// Entries n = 1 .. kMaxExactCount of column (c, k) from the exact path's
+// running products, the cancelling ones recomputed in float64: the values
+// lnpoch_exact_checked gives (the dense tables' entries before log n!).
+template <typename T>
+__device__ __forceinline__ void fill_csr_table_column(const ExactFactors<T>& f, T la, int64_t c,
+                                                      int K, int k, T* __restrict__ tab) {
+  ExactRun<T> run;  // after factors 1 .. n - 1 for entry n
+#pragma unroll
+  for (int n = 1; n <= kCsrTableCounts; ++n) {
+    T r = exact_run_lnpoch(run, f, la, n);
+    if (lnpoch_exact_cancels(la, n, r)) {
+      r = static_cast<T>(lnpoch_exact_refined(static_cast<double>(la), n));
+    }
+    tab[csr_table_index(c, n, K) + k] = r;
+    exact_run_step(f, n, run);
+  }
+}
+
 constexpr int kCsrPrepThreads = 256;
 constexpr int kCsrMaxPrepBlocks = 32;
 
@@ -45,12 +72,14 @@ inline int csr_prep_blocks(int64_t V) {
 
 // grid (nblk, K): block (blk, k) fills the columns v = blk * 256 + t, +
 // nblk * 256, ... of component k and writes their alpha sum to
-// Apart[k * nblk + blk] (NaN if any log_alpha there is not finite). The
-// order depends on (V, nblk) only.
+// Apart[k * nblk + blk] (NaN if any log_alpha there is not finite), and
+// their table entries where tab is not null. The order depends on (V, nblk)
+// only.
 template <typename T>
 __global__ void __launch_bounds__(kCsrPrepThreads)
     csr_alpha_prep_kernel(const T* __restrict__ log_alpha, int64_t V, int K,
-                          CsrColumn<T>* __restrict__ cols, double* __restrict__ Apart) {
+                          CsrColumn<T>* __restrict__ cols, double* __restrict__ Apart,
+                          T* __restrict__ tab) {
   const int blk = blockIdx.x, nblk = gridDim.x, k = blockIdx.y;
   double s = 0.0;
   bool finite = true;
@@ -60,6 +89,7 @@ __global__ void __launch_bounds__(kCsrPrepThreads)
     const T a = dm_exp(la);
     const ExactFactors<T> f = exact_factors(a);
     cols[v * K + k] = {a, la, f.base, f.step};
+    if (tab != nullptr) fill_csr_table_column(f, la, v, K, k, tab);
     s += static_cast<double>(a);
     finite = finite && is_finite(la);
   }

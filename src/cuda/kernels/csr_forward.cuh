@@ -1,6 +1,7 @@
 // The CSR forward: a warp per row (batch-invariant: a row's sum order
 // depends on its own nonzeros only), lanes striding over its nonzeros, alpha
-// gathered through the read-only cache. See Note [CSR inputs].
+// gathered through the read-only cache. See Note [CSR inputs]; the table
+// kernel below is the one most calls take (See Note [CSR tables]).
 #pragma once
 
 #include "csr_alpha.cuh"
@@ -55,6 +56,130 @@ __global__ void __launch_bounds__(kCsrRowsPerBlock * 32)
         if (normalize) r += log_factorial<double>(N);
       }
       out[b * K + k] = static_cast<T>(r);
+    }
+  }
+}
+
+// Rows a warp takes in csr_forward_table_kernel: each row walked by the
+// whole warp, then its finish by one lane (lane r for the warp's row r), so
+// that for rows of few nonzeros the float64 finish runs on 32 lanes at once.
+constexpr int kCsrRowsPerWarpShort = 32;
+// Components one walk of a row sums (its table entries adjacent); more take
+// further walks.
+constexpr int kCsrWalkComponents = 8;
+// Nonzeros a lane loads before it uses any: the loads' latencies overlap.
+constexpr int kCsrLoadsInFlight = 4;
+
+// lnpoch(a_kc, n) [- log n!] for a count off the table (a non-integer or
+// one above kMaxExactCount; n > 0), in float64 as the sum takes it.
+template <typename T>
+__device__ __noinline__ double csr_rare_term(const CsrColumn<T>* __restrict__ cols, int64_t c,
+                                             int K, int k, T n, bool normalize) {
+  const CsrColumn<T> cs = load_csr_column(cols + c * K + k);
+  double t = static_cast<double>(lnpoch_off_exact(cs.factors(), cs.a, cs.log_a, n));
+  if (normalize) t -= static_cast<double>(log_factorial(n));
+  return t;
+}
+
+// The same rows as csr_forward_kernel with the per-nonzero math replaced by
+// the table (See Note [CSR tables]): a nonzero of count n <= kMaxExactCount
+// adds tab[csr_table_index(c, n, K) + k] (minus log n! from a block copy).
+// A warp takes R consecutive rows and components in walks of KW; each row's
+// sums use the same order as csr_forward_kernel's (a lane's nonzeros in
+// increasing order, then warp_sum), so a row depends on its own nonzeros
+// only.
+template <typename T, typename value_t, typename index_t, int R, int KW>
+__global__ void __launch_bounds__(kCsrRowsPerBlock * 32)
+    csr_forward_table_kernel(const index_t* __restrict__ crow, const index_t* __restrict__ col,
+                             const value_t* __restrict__ val, int64_t B, int64_t nnz, int64_t V,
+                             int K, const T* __restrict__ tab,
+                             const CsrColumn<T>* __restrict__ cols, const double* __restrict__ A,
+                             bool normalize, T* __restrict__ out) {
+  __shared__ T log_fact[kTableWidth];
+  if (threadIdx.x < kTableWidth) log_fact[threadIdx.x] = log_factorial(static_cast<T>(threadIdx.x));
+  __syncthreads();
+  const int lane = threadIdx.x & 31;
+  const int64_t b0 =
+      (static_cast<int64_t>(blockIdx.x) * kCsrRowsPerBlock + (threadIdx.x >> 5)) * R;
+  if (b0 >= B) return;  // (warp-uniform)
+  const int rows = static_cast<int>(min(static_cast<int64_t>(R), B - b0));
+  for (int k0 = 0; k0 < K; k0 += KW) {
+    const int kn = min(KW, K - k0);
+    double mine[KW];  // lane r: the sums of row b0 + r
+    double mine_N = 0.0;
+    bool mine_ok = false;
+    for (int r = 0; r < rows; ++r) {
+      int64_t j0, j1;
+      bool ok = csr_row_range(crow, b0 + r, nnz, j0, j1);
+      double s[KW];
+#pragma unroll
+      for (int kk = 0; kk < KW; ++kk) s[kk] = 0.0;
+      double lane_N = 0.0;
+      bool lane_ok = true;
+      for (int64_t jb = j0 + lane; jb < j1; jb += 32 * kCsrLoadsInFlight) {
+        int64_t cj[kCsrLoadsInFlight];
+        value_t xj[kCsrLoadsInFlight];
+#pragma unroll
+        for (int u = 0; u < kCsrLoadsInFlight; ++u) {
+          const int64_t j = jb + 32 * u;
+          cj[u] = j < j1 ? static_cast<int64_t>(__ldg(col + j)) : 0;
+          xj[u] = j < j1 ? __ldg(val + j) : value_t(0);
+        }
+#pragma unroll
+        for (int u = 0; u < kCsrLoadsInFlight; ++u) {
+          const int64_t c = cj[u];
+          const T n = static_cast<T>(xj[u]);
+          if (c < 0 || c >= V || !is_valid_count(n)) {
+            lane_ok = false;
+            continue;
+          }
+          if (n == T(0)) continue;
+          lane_N += static_cast<double>(xj[u]);
+          if (is_exact_count(n)) {
+            const int ni = static_cast<int>(n);
+            const T* e = tab + csr_table_index(c, ni, K) + k0;
+            const double lf = static_cast<double>(log_fact[ni]);
+#pragma unroll
+            for (int kk = 0; kk < KW; ++kk) {
+              if (kk < kn) {
+                s[kk] += static_cast<double>(__ldg(e + kk));
+                if (normalize) s[kk] -= lf;
+              }
+            }
+          } else {
+#pragma unroll
+            for (int kk = 0; kk < KW; ++kk) {  // (unrolled: s stays in registers)
+              if (kk < kn) s[kk] += csr_rare_term(cols, c, K, k0 + kk, n, normalize);
+            }
+          }
+        }
+      }
+      const double N = warp_sum(lane_N);
+      ok = __all_sync(0xffffffffu, lane_ok) && ok;
+#pragma unroll
+      for (int kk = 0; kk < KW; ++kk) {
+        if (kk < kn) {
+          const double t = __shfl_sync(0xffffffffu, warp_sum(s[kk]), 0);
+          if (lane == r % 32) mine[kk] = t;
+        }
+      }
+      const double Nr = __shfl_sync(0xffffffffu, N, 0);
+      if (lane == r % 32) mine_N = Nr, mine_ok = ok;
+    }
+    if (lane < rows) {
+      const int64_t b = b0 + lane;
+#pragma unroll
+      for (int kk = 0; kk < KW; ++kk) {
+        if (kk < kn) {
+          const double Ak = A[k0 + kk];
+          double r = static_cast<double>(NAN);
+          if (mine_ok && Ak == Ak) {
+            r = mine[kk] - lnpoch<double>(Ak, log(Ak), mine_N);
+            if (normalize) r += log_factorial<double>(mine_N);
+          }
+          out[b * K + k0 + kk] = static_cast<T>(r);
+        }
+      }
     }
   }
 }
