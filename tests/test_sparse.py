@@ -720,6 +720,26 @@ def test_cuda_forward_table_and_math_ways_agree(compute):
         assert ((outs[11][:, :9] - outs[9]).abs().double() / scale[:, :9]).max() < 2 * TOL[compute]
 
 
+@pytest.mark.skipif(not (torch.cuda.is_available() and dirmult_ext.CUDA_KERNELS),
+                    reason="the CUDA forward's row ways")
+def test_cuda_rows_32_to_a_warp_match_a_warp_a_row():
+    # 140000 short rows go 32 to a warp (each finished by its own lane); a
+    # slice of 40 of them runs a warp a row: the same sums in the same order.
+    B, V = 140_000, 64
+    dense = random_sparse_counts(B, V, 0.05)
+    dense[5] = 0.0
+    la = torch.randn(3, V) - 0.5
+    sc = SparseCounts.from_dense(dense.cuda())
+    whole = dirmult_ext.log_lik_components(sc, la.cuda(), normalize=True).cpu()
+    part = dirmult_ext.log_lik_components(sc[1000:1040], la.cuda(), normalize=True).cpu()
+    assert torch.equal(whole[1000:1040], part)
+    cpu = dirmult_ext.log_lik_components(SparseCounts.from_dense(dense), la, normalize=True)
+    scale = component_magnitudes(dense[:2000], la, True).clamp_min(1.0)
+    assert ((whole[:2000] - cpu[:2000]).abs().double() / scale).max() < 2 * TOL[torch.float32]
+    single = dirmult_ext.log_lik(sc, la[1].cuda(), normalize=True).cpu()
+    assert torch.equal(single, whole[:, 1])
+
+
 def test_column_sorted_copy_built_once_per_matrix(device, monkeypatch):
     import dirmult_ext.sparse as sparse_module
     calls = []

@@ -41,9 +41,15 @@ CsrPrep prepare_alpha(const Tensor& log_alpha, int64_t K, int64_t V, bool with_t
   csr_alpha_prep_kernel<T><<<dim3(nblk, static_cast<unsigned>(K)), kCsrPrepThreads, 0, stream>>>(
       static_cast<const T*>(log_alpha.const_data_ptr()), V, static_cast<int>(K),
       static_cast<CsrColumn<T>*>(p.cols.mutable_data_ptr()),
-      static_cast<double*>(Apart.mutable_data_ptr()),
-      with_table ? static_cast<T*>(p.table.mutable_data_ptr()) : nullptr);
+      static_cast<double*>(Apart.mutable_data_ptr()));
   DM_CUDA_CHECK_LAUNCH();
+  if (with_table && V * K > 0) {
+    csr_table_fill_kernel<T>
+        <<<static_cast<unsigned>(ceil_div(V * K * kCsrTableCounts, 256)), 256, 0, stream>>>(
+            static_cast<const T*>(log_alpha.const_data_ptr()), V, static_cast<int>(K),
+            static_cast<T*>(p.table.mutable_data_ptr()));
+    DM_CUDA_CHECK_LAUNCH();
+  }
   csr_alpha_totals_kernel<<<static_cast<unsigned>(ceil_div(K, 32)), 32, 0, stream>>>(
       static_cast<const double*>(Apart.const_data_ptr()), nblk, static_cast<int>(K),
       static_cast<double*>(p.A.mutable_data_ptr()));
@@ -72,7 +78,7 @@ Tensor log_lik_csr_cuda(Tensor crow, Tensor col, Tensor val, Tensor log_alpha, b
     const CsrPrep p = prepare_alpha<scalar_t>(log_alpha, K, V, table, stream);
     DM_DISPATCH_CSR(crow.scalar_type(), val.scalar_type(), [&] {
       if (table) {
-        const bool short_rows = csr_forward_short_rows(B, nnz);
+        const bool short_rows = csr_forward_short_rows(B, nnz, kCsrRowsPerWarpShort);
         auto launch = [&](auto rows, auto walk) {
           constexpr int R = decltype(rows)::value, KW = decltype(walk)::value;
           csr_forward_table_kernel<scalar_t, value_t, index_t, R, KW>

@@ -129,12 +129,15 @@ inline bool csr_forward_uses_table(int64_t V, int64_t K, int64_t counts, size_t 
   return V * K * counts * static_cast<int64_t>(elem_bytes) <= kCsrTableMaxBytes;
 }
 
-// Rows per warp of the table forward: one where the rows are long (the
-// warp's walk dominates), else 32, each finished by its own lane.
+// Rows per warp of the table forward: `rows` (each finished by its own
+// lane) where the rows are short and many, else one: long rows are the
+// warp's walk, and few rows need a warp each to fill the GPU (16384 rows 32
+// to a warp made 512 warps, 2x slower than a warp a row: BENCHMARKS.md).
 constexpr int64_t kCsrLongRowNonzeros = 256;
+constexpr int64_t kCsrShortRowsMinWarps = 4096;
 
-inline bool csr_forward_short_rows(int64_t B, int64_t nnz) {
-  return nnz < kCsrLongRowNonzeros * B;
+inline bool csr_forward_short_rows(int64_t B, int64_t nnz, int rows) {
+  return nnz < kCsrLongRowNonzeros * B && B >= kCsrShortRowsMinWarps * rows;
 }
 
 // ---- log_lik_regression (See Note [Regression fusion]).

@@ -44,22 +44,33 @@ __host__ __device__ __forceinline__ int64_t csr_table_index(int64_t c, int n, in
   return (c * kCsrTableCounts + (n - 1)) * K;
 }
 
-// Entries n = 1 .. kMaxExactCount of column (c, k) from the exact path's
-// running products, the cancelling ones recomputed in float64: the values
-// lnpoch_exact_checked gives (the dense tables' entries before log n!).
+// Entry (c, n, k) = lnpoch(a_kc, n), n = 1 .. kMaxExactCount, from the exact
+// path's running products, a cancelling one recomputed in float64: the
+// value lnpoch_exact_checked gives (the dense tables' entries before log n!).
+// A thread per entry, so that the fill spreads over the whole GPU (it is on
+// the forward's critical path). log_alpha (K, V).
 template <typename T>
-__device__ __forceinline__ void fill_csr_table_column(const ExactFactors<T>& f, T la, int64_t c,
-                                                      int K, int k, T* __restrict__ tab) {
-  ExactRun<T> run;  // after factors 1 .. n - 1 for entry n
-#pragma unroll
-  for (int n = 1; n <= kCsrTableCounts; ++n) {
-    T r = exact_run_lnpoch(run, f, la, n);
-    if (lnpoch_exact_cancels(la, n, r)) {
-      r = static_cast<T>(lnpoch_exact_refined(static_cast<double>(la), n));
-    }
-    tab[csr_table_index(c, n, K) + k] = r;
-    exact_run_step(f, n, run);
+__global__ void __launch_bounds__(256)
+    csr_table_fill_kernel(const T* __restrict__ log_alpha, int64_t V, int K,
+                          T* __restrict__ tab) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= V * K * kCsrTableCounts) return;
+  // i = (c * kCsrTableCounts + n - 1) * K + k: the table's own order, so the
+  // stores are coalesced.
+  const int k = static_cast<int>(i % K);
+  const int64_t cn = i / K;
+  const int n = static_cast<int>(cn % kCsrTableCounts) + 1;
+  const int64_t c = cn / kCsrTableCounts;
+  const T la = log_alpha[static_cast<int64_t>(k) * V + c];
+  const ExactFactors<T> f = exact_factors(dm_exp(la));
+  ExactRun<T> run;  // after factors 1 .. n - 1
+#pragma unroll 1
+  for (int m = 1; m < n; ++m) exact_run_step(f, m, run);
+  T r = exact_run_lnpoch(run, f, la, n);
+  if (lnpoch_exact_cancels(la, n, r)) {
+    r = static_cast<T>(lnpoch_exact_refined(static_cast<double>(la), n));
   }
+  tab[i] = r;
 }
 
 constexpr int kCsrPrepThreads = 256;
@@ -72,14 +83,12 @@ inline int csr_prep_blocks(int64_t V) {
 
 // grid (nblk, K): block (blk, k) fills the columns v = blk * 256 + t, +
 // nblk * 256, ... of component k and writes their alpha sum to
-// Apart[k * nblk + blk] (NaN if any log_alpha there is not finite), and
-// their table entries where tab is not null. The order depends on (V, nblk)
-// only.
+// Apart[k * nblk + blk] (NaN if any log_alpha there is not finite). The
+// order depends on (V, nblk) only.
 template <typename T>
 __global__ void __launch_bounds__(kCsrPrepThreads)
     csr_alpha_prep_kernel(const T* __restrict__ log_alpha, int64_t V, int K,
-                          CsrColumn<T>* __restrict__ cols, double* __restrict__ Apart,
-                          T* __restrict__ tab) {
+                          CsrColumn<T>* __restrict__ cols, double* __restrict__ Apart) {
   const int blk = blockIdx.x, nblk = gridDim.x, k = blockIdx.y;
   double s = 0.0;
   bool finite = true;
@@ -89,7 +98,6 @@ __global__ void __launch_bounds__(kCsrPrepThreads)
     const T a = dm_exp(la);
     const ExactFactors<T> f = exact_factors(a);
     cols[v * K + k] = {a, la, f.base, f.step};
-    if (tab != nullptr) fill_csr_table_column(f, la, v, K, k, tab);
     s += static_cast<double>(a);
     finite = finite && is_finite(la);
   }

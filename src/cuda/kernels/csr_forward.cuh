@@ -67,8 +67,12 @@ constexpr int kCsrRowsPerWarpShort = 32;
 // Components one walk of a row sums (its table entries adjacent); more take
 // further walks.
 constexpr int kCsrWalkComponents = 8;
-// Nonzeros a lane loads before it uses any: the loads' latencies overlap.
-constexpr int kCsrLoadsInFlight = 4;
+// Nonzeros a lane loads before it uses any, by components per walk: the
+// loads' latencies overlap (their table entries take KW registers each).
+template <int KW>
+constexpr int csr_loads_in_flight() {
+  return KW == 1 ? 4 : 2;
+}
 
 // lnpoch(a_kc, n) [- log n!] for a count off the table (a non-integer or
 // one above kMaxExactCount; n > 0), in float64 as the sum takes it.
@@ -98,6 +102,7 @@ __global__ void __launch_bounds__(kCsrRowsPerBlock * 32)
   __shared__ T log_fact[kTableWidth];
   if (threadIdx.x < kTableWidth) log_fact[threadIdx.x] = log_factorial(static_cast<T>(threadIdx.x));
   __syncthreads();
+  constexpr int U = csr_loads_in_flight<KW>();
   const int lane = threadIdx.x & 31;
   const int64_t b0 =
       (static_cast<int64_t>(blockIdx.x) * kCsrRowsPerBlock + (threadIdx.x >> 5)) * R;
@@ -116,17 +121,28 @@ __global__ void __launch_bounds__(kCsrRowsPerBlock * 32)
       for (int kk = 0; kk < KW; ++kk) s[kk] = 0.0;
       double lane_N = 0.0;
       bool lane_ok = true;
-      for (int64_t jb = j0 + lane; jb < j1; jb += 32 * kCsrLoadsInFlight) {
-        int64_t cj[kCsrLoadsInFlight];
-        value_t xj[kCsrLoadsInFlight];
+      for (int64_t jb = j0 + lane; jb < j1; jb += 32 * U) {
+        int64_t cj[U];
+        value_t xj[U];
 #pragma unroll
-        for (int u = 0; u < kCsrLoadsInFlight; ++u) {
+        for (int u = 0; u < U; ++u) {
           const int64_t j = jb + 32 * u;
           cj[u] = j < j1 ? static_cast<int64_t>(__ldg(col + j)) : 0;
           xj[u] = j < j1 ? __ldg(val + j) : value_t(0);
         }
+        // The table entries of all U nonzeros are gathered before any is
+        // used, so that their latencies overlap too.
+        T tv[U][KW];
 #pragma unroll
-        for (int u = 0; u < kCsrLoadsInFlight; ++u) {
+        for (int u = 0; u < U; ++u) {
+          const T n = static_cast<T>(xj[u]);
+          const bool table = cj[u] >= 0 && cj[u] < V && n > T(0) && is_exact_count(n);
+          const T* e = tab + (table ? csr_table_index(cj[u], static_cast<int>(n), K) + k0 : 0);
+#pragma unroll
+          for (int kk = 0; kk < KW; ++kk) tv[u][kk] = table && kk < kn ? __ldg(e + kk) : T(0);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
           const int64_t c = cj[u];
           const T n = static_cast<T>(xj[u]);
           if (c < 0 || c >= V || !is_valid_count(n)) {
@@ -136,13 +152,11 @@ __global__ void __launch_bounds__(kCsrRowsPerBlock * 32)
           if (n == T(0)) continue;
           lane_N += static_cast<double>(xj[u]);
           if (is_exact_count(n)) {
-            const int ni = static_cast<int>(n);
-            const T* e = tab + csr_table_index(c, ni, K) + k0;
-            const double lf = static_cast<double>(log_fact[ni]);
+            const double lf = static_cast<double>(log_fact[static_cast<int>(n)]);
 #pragma unroll
             for (int kk = 0; kk < KW; ++kk) {
               if (kk < kn) {
-                s[kk] += static_cast<double>(__ldg(e + kk));
+                s[kk] += static_cast<double>(tv[u][kk]);
                 if (normalize) s[kk] -= lf;
               }
             }
