@@ -258,3 +258,32 @@ def test_cuda_streams_unasked_when_short_of_memory(monkeypatch, stagings):
     assert stagings and stagings[0].stream is not None
     assert math.isclose(whole.log_lik, streamed.log_lik, rel_tol=FIT_LL_RTOL)
     torch.testing.assert_close(streamed.alpha, whole.alpha, rtol=FIT_ALPHA_RTOL, atol=0)
+
+
+BIGFIT = __import__("pathlib").Path(__file__).resolve().parents[1] / "scripts/gpu/big_sparse_fit.py"
+
+
+@pytest.mark.skipif(not BIGFIT.exists(), reason="run from a source checkout")
+def test_big_sparse_fit_script_tiny_on_cpu(tmp_path):
+    import json
+    import os
+    import subprocess
+    env = dict(os.environ, OUT=str(tmp_path))
+    proc = subprocess.run([sys.executable, str(BIGFIT), "--rows", "1500", "--cols", "200",
+                           "--k", "2", "--max-iter", "3", "--batch-size", "400",
+                           "--device", "cpu"], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("bigfit ")]
+    assert len(lines) == 3 and "write" in lines[0] and "streamed" in lines[2]
+    out = json.loads((tmp_path / "bigfit.json").read_text())
+    assert out["rows"] == 1500 and out["nnz"] > 0
+    on_device, streamed = out["runs"]
+    assert streamed["batch_size"] == 400 and on_device["batch_size"] is None
+    for r in out["runs"]:
+        assert r["rc"] == 0 and r["counts_type"] == "SparseCounts"
+        assert r["shape"] == [1500, 200] and r["n_iter"] == 3 and r["iter_s"] > 0
+        assert r["csr_bytes"] == 1501 * 4 + out["nnz"] * 8         # int32 indices, float32
+        assert r["peak_rss"] >= r["base_rss"] > 0
+    # the same fit either way (float64 rounding of the batch sums apart)
+    assert math.isclose(on_device["log_lik"], streamed["log_lik"], rel_tol=MIX_LL_RTOL)

@@ -31,7 +31,12 @@ the fused op (``torch.autograd.grad`` of the weighted ``log_lik`` sum with
 respect to log_alpha, which equals alpha * g); q and z from plain torch
 trigamma in float64 over the nonzero counts. With ``batch_size`` the rows
 are visited in batches (each moved to the device on its own), so a counts
-tensor larger than device memory can stay on the CPU.
+tensor larger than device memory can stay on the CPU; from host memory to
+CUDA each batch goes through a pinned staging buffer, copied while the
+previous batch is computed on (:mod:`dirmult_ext.row_stream`, Note [Row
+streaming]). Without ``batch_size``, host counts bound for a CUDA device
+whose bytes exceed half its free memory are streamed the same way, in
+batches of 1/16 of the free memory (``row_stream.auto_batch_size``).
 
 Convergence: the relative change in L between iterations is at most
 ``tol`` (|dL| <= tol * max(|L|, 1)) and the largest projected gradient with
@@ -589,8 +594,9 @@ def fit(counts, *, init=None, method: str = "newton", tol: float = 1e-8,
 
     Args:
         counts: ``(B, V)`` non-negative counts (torch tensor or numpy array;
-            float32/float64 or integer). Rows with zero total contribute
-            nothing. Stays where it is when ``batch_size`` is given.
+            float32/float64 or integer; or sparse: a SparseCounts, torch or
+            scipy sparse matrix). Rows with zero total contribute nothing.
+            Stays where it is when streaming.
         init: starting concentrations ``(V,)`` (positive), or None /
             ``"moments"`` for the method-of-moments estimate.
         method: ``"newton"`` (default; diagonal-plus-rank-one Hessian, with
@@ -601,7 +607,13 @@ def fit(counts, *, init=None, method: str = "newton", tol: float = 1e-8,
             to log_alpha (see the module docstring).
         max_iter: maximum number of iterations.
         batch_size: visit the rows in batches of this many, each moved to
-            ``device`` in turn (streaming); default all at once.
+            ``device`` in turn (streaming; from host memory to CUDA through
+            two pinned staging buffers of one batch each, the next batch's
+            copy overlapping the current one's compute). Default: all at
+            once, unless the device is CUDA, the counts are on the CPU and
+            their bytes (dense: numel x element size; sparse: the CSR parts)
+            exceed half of ``torch.cuda.mem_get_info()``'s free memory: then
+            streamed in batches of average rows taking at most 1/16 of it.
         weights: ``(B,)`` non-negative row weights (default ones).
         progress: show a tqdm bar; default only when stderr is a terminal and
             the fit is long (streaming, or B * V >= 1e7).

@@ -464,7 +464,9 @@ def fit_mixture(counts, k: Union[int, Iterable[int]], *, n_init: int = 3,
             :func:`random_responsibilities` of restart i's stream).
         m_steps: Newton iterations of the first M-step, after the initial
             responsibilities (later M-steps take one warm-started step).
-        batch_size: stream the rows in batches (see :func:`dirmult_ext.fit.fit`).
+        batch_size: stream the rows in batches (see :func:`dirmult_ext.fit.fit`:
+            pinned and overlapped from host memory to CUDA; chosen
+            automatically when host counts exceed half the free device memory).
         min_alpha: lower bound for the concentrations; keeps a component
             from assigning probability ~0 to counts it has not seen yet.
         prior: ``None`` (default): maximum likelihood. ``"dmn"``: the MAP

@@ -4,25 +4,12 @@ without being asked, and in blocks of what size) and :func:`matrix_bytes`.
 
 From host memory to a CUDA device each block goes through a pinned staging
 buffer and is copied on a stream of its own while the previous block is
-computed on (Note [Row streaming]); anywhere else a block is the row slice,
+computed on; anywhere else a block is the row slice,
 moved with ``.to(device)`` (on the CPU: the slice itself).
 
-Note [Row streaming]
-A worker thread fills block i + 1 into a pinned host buffer (a host copy
-out of the pageable matrix) and queues its host-to-device copy on the copy
-stream, recording an event, while the caller's compute stream works on
-block i. The compute stream waits on block i's event before the block is
-handed over, and each of the block's device tensors is marked with
-``record_stream`` for the compute stream, so the allocator keeps its memory
-until the work queued on it is done, even if the caller holds on to it.
-There are two staging buffers, used in turn; before the worker refills one,
-it waits (on the host) for the copy that last read it. Memory: two staging
-buffers of one block each in pinned host memory (one when there is a single
-block), and on the device the block being computed on and the one being
-copied; the matrix itself is never pinned (that would hold a second copy of
-it). A SparseCounts block is its rows' CSR parts, the row offsets rebased to
-start at 0 (``SparseCounts.__getitem__``); its buffers are sized to the
-block with the most nonzeros.
+Memory: two pinned staging buffers of one block each (one when there is a
+single block); the matrix itself is never pinned (that would hold a second
+copy of it). See Note [Row streaming].
 """
 from __future__ import annotations
 
