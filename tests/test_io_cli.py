@@ -219,3 +219,32 @@ def test_cli_digits_default(capsys):
     acc = [float(line.split("accuracy")[1].split()[0]) for line in text.splitlines()
            if "accuracy" in line]
     assert len(acc) == 2 and all(a > 0.8 for a in acc), text
+
+
+@pytest.mark.parametrize("stored", [np.float32, np.float64, np.int64])
+def test_sparse_load_checks_name_the_entry_and_keep_the_stored_parts(tmp_path, stored):
+    rng = np.random.default_rng()
+    x = rng.poisson(2.0, size=(40, 9)) * (rng.random((40, 9)) < 0.4)
+    x[[3, 4, 5]] = 0                                     # empty rows before the bad entry
+    x[0, 0] += 1
+    m = scipy.sparse.csr_matrix(x.astype(stored))
+    p = tmp_path / "ok.npz"
+    scipy.sparse.save_npz(p, m)
+    sc = load_counts(p)
+    assert sc.values.dtype == torch.float32 and sc.col_indices.dtype == torch.int32
+    np.testing.assert_array_equal(sc.to_dense().numpy(), x)
+    if stored == np.float32:       # the values as stored: no conversion, no copy kept
+        assert sc.values.numpy().dtype == np.float32
+    bad = x.astype(np.float64)
+    i, j = 6, int(rng.integers(0, 9))
+    cases = [(-2.0, "negative count -2.0 at row 7, column %d" % (j + 1), {})]
+    if stored != np.int64:
+        cases += [(np.nan, "non-finite value nan at row 7", {}),
+                  (1.5, "non-integer count 1.5 at row 7", dict(require_integer=True))]
+    for n, (value, match, kw) in enumerate(cases):
+        b = bad.copy()
+        b[i, j] = value
+        q = tmp_path / f"bad{n}.npz"
+        scipy.sparse.save_npz(q, scipy.sparse.csr_matrix(b.astype(stored)))
+        with pytest.raises(ValueError, match=match):
+            load_counts(q, **kw)

@@ -1,6 +1,7 @@
 """Sparse counts (CSR ops, SparseCounts, conversions): agreement with the
 dense path and the float64 formula, gradients, determinism, validation, and
 the ops inside PyTorch's machinery (opcheck, torch.compile, TorchScript)."""
+import math
 import numpy as np
 import pytest
 import torch
@@ -769,3 +770,26 @@ def test_module_takes_sparse_counts(device):
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-4)
     torch.testing.assert_close(g, g_ref, rtol=1e-5, atol=1e-4)
     torch.jit.script(model)  # (still scriptable: the sparse path is eager-only)
+
+
+def test_row_blocks_and_blocked_host_sums(monkeypatch):
+    from dirmult_ext import sparse
+    from dirmult_ext.criteria import multinomial_log_lik
+    g = torch.Generator().manual_seed(int(torch.randint(0, 2 ** 31, (1,))))
+    x = torch.poisson(torch.rand(157, 23, generator=g) * 4, generator=g)
+    x = x * (torch.rand(157, 23, generator=g) < 0.3)
+    x[[10, 11, 80]] = 0
+    x[0, 0] += 1
+    sc = SparseCounts.from_dense(x)
+    whole_ll, whole_N = multinomial_log_lik(sc), sc.row_totals()
+    monkeypatch.setattr(sparse, "ROW_BLOCK_NNZ", 17)
+    blocks = sc.row_blocks()
+    assert blocks[0][0] == 0 and blocks[-1][1] == 157 and len(blocks) > 10
+    crow = sc.crow_indices
+    for (s, e), nxt in zip(blocks, blocks[1:] + [(157, None)]):
+        assert nxt[0] == e and e > s
+        assert int(crow[e] - crow[s]) <= 17 or e - s == 1
+    assert torch.equal(sc.row_totals(), whole_N)
+    assert torch.equal(whole_N, x.double().sum(-1))
+    assert math.isclose(multinomial_log_lik(sc), whole_ll, rel_tol=1e-13)
+    assert math.isclose(multinomial_log_lik(x), whole_ll, rel_tol=1e-12)

@@ -189,17 +189,34 @@ def multinomial_log_lik(counts) -> float:
     no counts add 0."""
     from .sparse import SparseCounts
     if isinstance(counts, SparseCounts):
-        vals = counts.values.cpu().to(torch.float64)
-        cols = counts.col_indices.cpu().long()
-        N = counts.row_totals().cpu().to(torch.float64)
-        col_tot = torch.zeros(counts.shape[1], dtype=torch.float64).index_add_(0, cols, vals)
-    else:
-        c = counts.cpu().to(torch.float64)
-        vals, N, col_tot = c.reshape(-1), c.sum(-1), c.sum(0)
-        cols = torch.arange(c.shape[1]).repeat(c.shape[0])
+        return _sparse_multinomial_log_lik(counts)
+    c = counts.cpu().to(torch.float64)
+    vals, N, col_tot = c.reshape(-1), c.sum(-1), c.sum(0)
+    cols = torch.arange(c.shape[1]).repeat(c.shape[0])
     total = float(col_tot.sum())
     if total == 0:
         return 0.0
     log_p = (col_tot / total).log()
     kernel = torch.where(vals > 0, vals * log_p[cols], torch.zeros_like(vals))
     return float(torch.lgamma(N + 1).sum() - torch.lgamma(vals + 1).sum() + kernel.sum())
+
+
+def _sparse_multinomial_log_lik(sc) -> float:
+    """:func:`multinomial_log_lik` of SparseCounts, on their device, a block
+    of rows at a time (bounded temporaries beside a large host matrix)."""
+    blocks = [sc[s:e] for s, e in sc.row_blocks()] if sc.device.type == "cpu" else [sc]
+    col_tot = torch.zeros(sc.shape[1], dtype=torch.float64, device=sc.device)
+    for b in blocks:
+        col_tot.index_add_(0, b.col_indices.long(), b.values.double())
+    total = float(col_tot.sum())
+    if total == 0:
+        return 0.0
+    log_p = (col_tot / total).log()
+    out = 0.0
+    for b in blocks:
+        vals = b.values.double()
+        kernel = torch.where(vals > 0, vals * log_p[b.col_indices.long()],
+                             torch.zeros_like(vals))
+        out += float(torch.lgamma(b.row_totals() + 1).sum() - torch.lgamma(vals + 1).sum()
+                     + kernel.sum())
+    return out

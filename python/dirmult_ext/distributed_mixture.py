@@ -190,7 +190,7 @@ def fit_mixture_distributed(local_counts, k: int, *, n_init: int = 3, n_screen: 
     pre = _prepass(rows, reduce)            # validates on all ranks; sets rows.N, rows.c
     if float(pre.Wpos.sum()) <= 0:
         raise ValueError("every row of counts sums to 0: nothing to cluster")
-    show = rank == 0 and _default_progress(progress, B * V * k * n_init, batch_size is not None)
+    show = rank == 0 and _default_progress(progress, B * V * k * n_init, rows.streaming)
     bar = None
     if show:
         from tqdm.auto import tqdm

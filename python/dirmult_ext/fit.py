@@ -31,7 +31,12 @@ the fused op (``torch.autograd.grad`` of the weighted ``log_lik`` sum with
 respect to log_alpha, which equals alpha * g); q and z from plain torch
 trigamma in float64 over the nonzero counts. With ``batch_size`` the rows
 are visited in batches (each moved to the device on its own), so a counts
-tensor larger than device memory can stay on the CPU.
+tensor larger than device memory can stay on the CPU; from host memory to
+CUDA each batch goes through a pinned staging buffer, copied while the
+previous batch is computed on (:mod:`dirmult_ext.row_stream`, Note [Row
+streaming]). Without ``batch_size``, host counts bound for a CUDA device
+whose bytes exceed half its free memory are streamed the same way, in
+batches of 1/16 of the free memory (``row_stream.auto_batch_size``).
 
 Convergence: the relative change in L between iterations is at most
 ``tol`` (|dL| <= tol * max(|L|, 1)) and the largest projected gradient with
@@ -59,6 +64,7 @@ import torch
 from torch import Tensor
 
 from .api import log_lik, log_lik_components
+from .row_stream import auto_batch_size, matrix_bytes, stream_rows
 from .sparse import SparseCounts, as_sparse_counts, is_sparse_input
 from .sparse_stats import fit_moments
 from .threads import fit_threads
@@ -140,6 +146,15 @@ def _as_counts(counts) -> Tensor:
     return counts
 
 
+def _auto_batch_size(counts, device: torch.device) -> Optional[int]:
+    """Rows per batch when host counts are too large for the CUDA device's
+    free memory (:func:`~dirmult_ext.row_stream.auto_batch_size`), else None."""
+    if device.type != "cuda" or counts.device.type != "cpu":
+        return None
+    free, _ = torch.cuda.mem_get_info(device)
+    return auto_batch_size(matrix_bytes(counts), counts.shape[0], free)
+
+
 def _resolve_device(counts: Tensor, device) -> torch.device:
     return counts.device if device is None else torch.device(device)
 
@@ -169,9 +184,13 @@ class _Rows:
             raise ValueError(f"batch_size must be a positive integer or None, got {batch_size!r}")
         self.device = device
         self.B, self.V = counts.shape
+        if batch_size is None:
+            batch_size = _auto_batch_size(counts, device)
+        #: whether the counts stay where they are and the batches move
+        self.streaming = batch_size is not None
         self.batch_size = batch_size if batch_size is not None else max(self.B, 1)
         # Whole matrix on the device unless streaming.
-        self.counts = counts if batch_size is not None else counts.to(device)
+        self.counts = counts if self.streaming else counts.to(device)
         if weights is not None and weights.dim() == 1:
             weights = weights.unsqueeze(-1)
         self.weights = None if weights is None else weights.to(device, torch.float64)
@@ -221,11 +240,15 @@ class _Rows:
             self._pairs[bi] = out
         return out
 
+    def count_batches(self, batch_size: Optional[int] = None):
+        """Yield (start, stop, counts batch on device), batches of
+        ``batch_size`` rows (default the fit's); from host memory to CUDA
+        pinned and overlapped with the compute (Note [Row streaming])."""
+        return stream_rows(self.counts, self.device, batch_size or self.batch_size)
+
     def batches(self, comps: Optional[Tensor] = None):
         """Yield (counts batch on device, weights (b, k) float64, N (b,) or None)."""
-        for s in range(0, self.B, self.batch_size):
-            e = min(s + self.batch_size, self.B)
-            cb = self.counts[s:e].to(self.device, non_blocking=True)
+        for s, e, cb in self.count_batches():
             if self.weights is None:
                 k = 1 if comps is None else len(comps)
                 wb = torch.ones(e - s, k, dtype=torch.float64, device=self.device)
@@ -552,7 +575,7 @@ def _fit_rows(rows: _Rows, *, init, method, tol, gtol, max_iter, min_alpha, prog
         raise ValueError("the rows with a positive total have zero total weight (all-zero "
                          "counts or weights): nothing to fit")
     eta0 = _init_eta(init, pre, rows.V, rows.device, min_alpha)
-    prog = _default_progress(progress, pre.B * rows.V, rows.batch_size < rows.B)
+    prog = _default_progress(progress, pre.B * rows.V, rows.streaming)
     eta, S, trace, n_iter, conv, gnorm = _optimize(
         rows, eta0, pre, method=method, tol=tol, gtol=gtol, max_iter=max_iter,
         min_alpha=min_alpha, reduce=reduce, progress=prog)
@@ -571,8 +594,9 @@ def fit(counts, *, init=None, method: str = "newton", tol: float = 1e-8,
 
     Args:
         counts: ``(B, V)`` non-negative counts (torch tensor or numpy array;
-            float32/float64 or integer). Rows with zero total contribute
-            nothing. Stays where it is when ``batch_size`` is given.
+            float32/float64 or integer; or sparse: a SparseCounts, torch or
+            scipy sparse matrix). Rows with zero total contribute nothing.
+            Stays where it is when streaming.
         init: starting concentrations ``(V,)`` (positive), or None /
             ``"moments"`` for the method-of-moments estimate.
         method: ``"newton"`` (default; diagonal-plus-rank-one Hessian, with
@@ -583,7 +607,13 @@ def fit(counts, *, init=None, method: str = "newton", tol: float = 1e-8,
             to log_alpha (see the module docstring).
         max_iter: maximum number of iterations.
         batch_size: visit the rows in batches of this many, each moved to
-            ``device`` in turn (streaming); default all at once.
+            ``device`` in turn (streaming; from host memory to CUDA through
+            two pinned staging buffers of one batch each, the next batch's
+            copy overlapping the current one's compute). Default: all at
+            once, unless the device is CUDA, the counts are on the CPU and
+            their bytes (dense: numel x element size; sparse: the CSR parts)
+            exceed half of ``torch.cuda.mem_get_info()``'s free memory: then
+            streamed in batches of average rows taking at most 1/16 of it.
         weights: ``(B,)`` non-negative row weights (default ones).
         progress: show a tqdm bar; default only when stderr is a terminal and
             the fit is long (streaming, or B * V >= 1e7).

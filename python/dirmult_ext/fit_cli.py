@@ -151,7 +151,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed for restarts and the split")
     p.add_argument("--test-fraction", type=float, default=0.25,
                    help="held-out fraction for the classifier comparison (default 0.25)")
-    p.add_argument("--batch-size", type=int, default=None, help="stream rows in batches")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="stream rows in batches of N from host memory (default: all at "
+                        "once, or streamed when the matrix exceeds half the free GPU memory)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bars (default: when stderr is a terminal and the fit is long)")
     return p

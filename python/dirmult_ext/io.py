@@ -253,19 +253,30 @@ def _load_sparse(path: str, dtype: torch.dtype, require_integer: bool, m, where)
     if not (np.issubdtype(m.dtype, np.number) or m.dtype == np.bool_) or \
             np.iscomplexobj(m.data):
         raise ValueError(f"{path}: expected real numeric counts, got dtype {m.dtype}")
-    data = m.data.astype(np.float64, copy=False)
-    rows = np.repeat(np.arange(m.shape[0]), np.diff(m.indptr))
-    for bad, what in ((~np.isfinite(data), "non-finite value"), (data < 0, "negative count"),
-                      ((data != np.floor(data)) if require_integer else None,
-                       "non-integer count")):
-        if bad is not None and bad.any():
-            j = int(np.argmax(bad))
-            raise ValueError(f"{path}: {what} {data[j]} at {where(rows[j], m.indices[j])} "
-                             f"({int(bad.sum())} in all)")
-    if dtype == torch.float32 and data.size and data.max() > _EXACT_FLOAT32:
-        raise ValueError(f"{path}: counts up to {data.max():.0f} exceed 2^24 and are not "
-                         "exact in float32; pass dtype=torch.float64")
-    m.data = data.astype(np.float32 if dtype == torch.float32 else np.float64)
+    # The checks read the values in their stored dtype, one boolean mask at a
+    # time, and find a bad value's row from the row offsets: beside the
+    # matrix, at most a byte per stored value (Note [Host memory of a sparse fit]).
+    data = m.data
+    floating = np.issubdtype(data.dtype, np.floating)
+    checks = [(lambda: np.isfinite(data), "non-finite value", floating),
+              (lambda: data >= 0, "negative count", data.dtype != np.bool_),
+              (lambda: data == np.floor(data), "non-integer count", floating and require_integer)]
+    for ok_of, what, needed in checks:
+        if not needed:
+            continue
+        ok = ok_of()
+        if not ok.all():
+            j = int(np.argmin(ok))
+            row = int(np.searchsorted(m.indptr, j, side="right")) - 1
+            raise ValueError(f"{path}: {what} {float(data[j])} at {where(row, m.indices[j])} "
+                             f"({int(ok.size - np.count_nonzero(ok))} in all)")
+        del ok
+    if dtype == torch.float32 and data.size and float(data.max()) > _EXACT_FLOAT32:
+        raise ValueError(f"{path}: counts up to {float(data.max()):.0f} exceed 2^24 and are "
+                         "not exact in float32; pass dtype=torch.float64")
+    # (no copy when the file stores the values in that dtype)
+    m.data = data.astype(np.float32 if dtype == torch.float32 else np.float64, copy=False)
+    del data
     return SparseCounts.from_scipy(m)
 
 

@@ -170,19 +170,23 @@ class DMMixture:
         return self.joint_log_lik(counts, device).argmax(-1)
 
 
+def _props(rows: _Rows, cb, s: int, e: int):
+    """Proportions n / N of the batch ``cb`` (rows [s, e), on the device; a
+    sparse CSR tensor for sparse rows: distances from the nonzeros)."""
+    if isinstance(cb, SparseCounts):
+        return cb.proportions(rows.N[s:e])
+    return cb.to(torch.float64) / rows.N[s:e].clamp_min(1e-300).unsqueeze(-1)
+
+
 def _row_props(rows: _Rows, s: int, e: int):
-    """Proportions n / N of rows [s, e) on the device (SparseCounts for
-    sparse rows: distances from the nonzeros)."""
-    if isinstance(rows.counts, SparseCounts):
-        return rows.counts[s:e].to(rows.device).proportions(rows.N[s:e])
-    c = rows.counts[s:e].to(rows.device, torch.float64)
-    return c / rows.N[s:e].clamp_min(1e-300).unsqueeze(-1)
+    """:func:`_props` of rows [s, e), moved to the device."""
+    return _props(rows, rows.counts[s:e].to(rows.device), s, e)
 
 
 def _kmeanspp_centers(rows: _Rows, k: int, gen: torch.Generator) -> Tensor:
     """k-means++ seeds among the row proportions n / N (rows with N > 0),
     (k, V) float64 dense."""
-    dev, B, bs = rows.device, rows.B, rows.batch_size
+    dev, B = rows.device, rows.B
     sparse_rows = isinstance(rows.counts, SparseCounts)
 
     def seed_props(s):
@@ -196,11 +200,11 @@ def _kmeanspp_centers(rows: _Rows, k: int, gen: torch.Generator) -> Tensor:
     centers = seed_props(first)
     d2 = torch.full((B,), float("inf"), dtype=torch.float64, device=dev)
     for _ in range(1, k):
-        for s in range(0, B, bs):
-            x = _row_props(rows, s, s + bs)
+        for s, e, cb in rows.count_batches():
+            x = _props(rows, cb, s, e)
             dist = (sq_distances(x, centers[-1:])[:, 0] if sparse_rows
                     else ((x - centers[-1]) ** 2).sum(-1))
-            d2[s:s + bs] = torch.minimum(d2[s:s + bs], dist)
+            d2[s:e] = torch.minimum(d2[s:e], dist)
         p = (d2 * valid).clamp_min(0)
         p = p if float(p.sum()) > 0 else valid
         nxt = int(torch.multinomial(p.cpu(), 1, generator=gen))
@@ -211,14 +215,14 @@ def _kmeanspp_centers(rows: _Rows, k: int, gen: torch.Generator) -> Tensor:
 def _nearest_resp(rows: _Rows, centers: Tensor) -> Tensor:
     """One-hot responsibilities to the nearest center, softened (0.9 on the
     center's component, the rest spread), (B, K) float64."""
-    k, bs = centers.shape[0], rows.batch_size
+    k = centers.shape[0]
     centers = centers.to(rows.device)
     R = torch.empty(rows.B, k, dtype=torch.float64, device=rows.device)
-    for s in range(0, rows.B, bs):
-        x = _row_props(rows, s, s + bs)
+    for s, e, cb in rows.count_batches():
+        x = _props(rows, cb, s, e)
         nearest = (sq_distances(x, centers) if isinstance(rows.counts, SparseCounts)
                    else torch.cdist(x, centers)).argmin(-1)
-        R[s:s + bs] = torch.nn.functional.one_hot(nearest, k).to(torch.float64)
+        R[s:e] = torch.nn.functional.one_hot(nearest, k).to(torch.float64)
     return 0.9 * R + 0.1 / k if k > 1 else R
 
 
@@ -460,7 +464,9 @@ def fit_mixture(counts, k: Union[int, Iterable[int]], *, n_init: int = 3,
             :func:`random_responsibilities` of restart i's stream).
         m_steps: Newton iterations of the first M-step, after the initial
             responsibilities (later M-steps take one warm-started step).
-        batch_size: stream the rows in batches (see :func:`dirmult_ext.fit.fit`).
+        batch_size: stream the rows in batches (see :func:`dirmult_ext.fit.fit`:
+            pinned and overlapped from host memory to CUDA; chosen
+            automatically when host counts exceed half the free device memory).
         min_alpha: lower bound for the concentrations; keeps a component
             from assigning probability ~0 to counts it has not seen yet.
         prior: ``None`` (default): maximum likelihood. ``"dmn"``: the MAP
@@ -514,7 +520,7 @@ def fit_mixture(counts, k: Union[int, Iterable[int]], *, n_init: int = 3,
 
             def start(i):
                 return random_responsibilities(0, B, k, base, i, dev)
-        show = _default_progress(progress, B * V * k * n_init, batch_size is not None)
+        show = _default_progress(progress, B * V * k * n_init, rows.streaming)
         bar = None
         if show:
             from tqdm.auto import tqdm

@@ -30,6 +30,9 @@ INDEX_DTYPES = (torch.int32, torch.int64)
 # Components per call of the CUDA kernels (a grid dimension; the C++ checks it
 # too, src/cuda/log_lik_csr_cuda.cu).
 MAX_CUDA_COMPONENTS = 65535
+#: Stored values per block of rows in the CPU computations that go over the
+#: whole of a large matrix (:meth:`SparseCounts.row_blocks`).
+ROW_BLOCK_NNZ = 1 << 20
 _SPARSE_LAYOUTS = (torch.sparse_csr, torch.sparse_coo, torch.sparse_csc)
 _COUNT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16,
                  torch.int32, torch.int64, torch.int16, torch.int8, torch.uint8, torch.bool)
@@ -315,10 +318,34 @@ class SparseCounts:
         return self._csc
 
     def row_totals(self) -> Tensor:
-        """N_b, the rows' count totals, in float64."""
-        rows = _row_of_nonzero(self.crow_indices, self.nnz)
+        """N_b, the rows' count totals, in float64 (on the CPU a block of
+        rows at a time: the temporaries stay a fixed size)."""
+        blocks = ([(0, self.shape[0])] if self.device.type != "cpu" or self.nnz <= ROW_BLOCK_NNZ
+                  else self.row_blocks())
         out = torch.zeros(self.shape[0], dtype=torch.float64, device=self.device)
-        return out.index_add_(0, rows, self.values.double())
+        for s, e in blocks:
+            b = self[s:e]
+            rows = _row_of_nonzero(b.crow_indices, b.nnz)
+            out[s:e].index_add_(0, rows, b.values.double())
+        return out
+
+    def row_blocks(self, nnz_per_block: int = 0):
+        """Row ranges ``[(s, e), ...]`` covering the rows in order, each
+        holding at most ``nnz_per_block`` (default ``ROW_BLOCK_NNZ``) stored
+        values unless a single row holds more: the blocks in which the host
+        computations go over a large matrix with bounded temporaries."""
+        step = nnz_per_block or ROW_BLOCK_NNZ
+        B = self.shape[0]
+        crow = self.crow_indices.cpu()
+        bounds, s = [], 0
+        while s < B:
+            limit = int(crow[s]) + step
+            e = int(torch.searchsorted(crow, torch.tensor(limit, dtype=crow.dtype),
+                                       right=True)) - 1
+            e = min(max(e, s + 1), B)
+            bounds.append((s, e))
+            s = e
+        return bounds
 
 
 def as_sparse_counts(x, *, validate: Optional[bool] = None) -> SparseCounts:

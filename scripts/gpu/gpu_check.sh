@@ -8,8 +8,10 @@
 #   (scripts/gpu/probe_op_errors.py), the whole test suite with CUDA,
 #   compute-sanitizer (memcheck and racecheck) on every kernel, the 2-GPU fit
 #   when two GPUs are present, the benchmark, and Nsight Compute on the hot
-#   kernels. Logs go to $OUT (default ./gpu_out).
-# Stages can be picked: scripts/gpu/gpu_check.sh [wheel] [sass] [check] [probe] [test] [sanitize] [multigpu] [bench] [profile] [profile_csr] [profile_regression]
+#   kernels, and the large sparse fit measured (time per EM iteration, peak
+#   host RSS against the CSR bytes, peak GPU memory; on the device and
+#   streamed from host memory). Logs go to $OUT (default ./gpu_out).
+# Stages can be picked: scripts/gpu/gpu_check.sh [wheel] [sass] [check] [probe] [test] [sanitize] [multigpu] [bench] [profile] [profile_csr] [profile_regression] [bigfit]
 # (every stage but wheel needs a wheel installed by an earlier wheel stage).
 # Environment:
 #   DIRMULT_SASS_BASELINE=F  sass stage: F, a _C_cuda.so of an earlier build, against
@@ -26,7 +28,7 @@ WORK=${DIRMULT_GPU_WORK:-/tmp/dirmult_gpu}
 SITE=$WORK/site
 PY=python3
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-stages=${*:-wheel sass check probe test sanitize multigpu bench profile profile_csr}
+stages=${*:-wheel sass check probe test sanitize multigpu bench profile profile_csr bigfit}
 status=0
 summary=()
 run_stage() {  # log (file name under $OUT, appended to), label, command...
@@ -43,7 +45,7 @@ run_stage() {  # log (file name under $OUT, appended to), label, command...
 has() { [[ " $stages " == *" $1 "* ]]; }
 
 # Logs: summary.txt, build, check, test, sanitize, multigpu, bench
-# (.log, .json, _sparse.json) and profile; the device returns 8 files a call,
+# (.log, .json, _sparse.json), profile and bigfit (.log, .json); the device returns 8 files a call,
 # so run profile in a call of its own.
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   python3 -c "import torch, sys; print(sys.version.split()[0], torch.__version__, torch.version.cuda, torch.cuda.device_count())"
@@ -158,6 +160,10 @@ if has profile_regression && command -v ncu >/dev/null; then
     --section ComputeWorkloadAnalysis --section SourceCounters \
     "$PY" "$REPO/scripts/gpu/profile_regression_kernels.py"
 fi
+# A 1,000,000 x 50,000 k = 10 mixture matrix (about 1.1e8 nonzeros) fitted by
+# the CLI, on the device and streamed (--batch-size 200000); bigfit.json.
+has bigfit && run_stage bigfit "large sparse fit" "$PY" "$REPO/scripts/gpu/big_sparse_fit.py" \
+  --json "$OUT/bigfit.json"
 echo "=== summary"
 printf '%s\n' "${summary[@]}" | tee -a "$OUT/summary.txt"
 exit $status
