@@ -699,12 +699,15 @@ def test_cuda_matches_cpu_kernels(compute):
                     reason="the CUDA forward's ways")
 @pytest.mark.parametrize("compute", [torch.float32, torch.float64])
 def test_cuda_forward_table_and_math_ways_agree(compute):
-    # K = 11 components of V = 50000 columns need a 35 MB float32 table: above
-    # the table's bound, so the per-nonzero math runs; 2 and 9 components
-    # take the table (one walk of up to 8 components, then two). Short rows
-    # (32 to a warp) and long rows (a warp each: the 1e4-nonzero matrix).
+    # The table holds 16 V K entries and serves up to 32 MiB (policy.h): at
+    # V = 50000 up to 10 float32 or 5 float64 components; one more takes the
+    # per-nonzero math. 2 components and the largest table take the table
+    # (one walk of up to 8 components, or two). Short rows and long rows
+    # (the second matrix: a warp a row either way at these few rows).
     V = 50_000
-    la = torch.randn(11, V, dtype=compute) - 1.0
+    elem = torch.tensor([], dtype=compute).element_size()
+    k_table = (32 << 20) // (16 * V * elem)
+    la = torch.randn(k_table + 1, V, dtype=compute) - 1.0
     for B, density in ((70, 0.002), (3, 0.1)):
         dense = random_sparse_counts(B, V, density).to(compute)
         dense[1] = 0.0
@@ -712,13 +715,15 @@ def test_cuda_forward_table_and_math_ways_agree(compute):
         scale = component_magnitudes(dense, la, True).clamp_min(1.0)
         sc = SparseCounts.from_dense(dense.cuda())
         outs = {K: dirmult_ext.log_lik_components(sc, la[:K].cuda(), normalize=True).cpu()
-                for K in (2, 9, 11)}
+                for K in (2, k_table, k_table + 1)}
         for K, out in outs.items():
             assert ((out.double() - ref[:, :K]).abs() / scale[:, :K]).max() < TOL[compute]
         one = dirmult_ext.log_lik(sc, la[0].cuda(), normalize=True).cpu()
-        assert torch.equal(one, outs[2][:, 0]) and torch.equal(one, outs[9][:, 0])
-        assert torch.equal(outs[2], outs[9][:, :2])
-        assert ((outs[11][:, :9] - outs[9]).abs().double() / scale[:, :9]).max() < 2 * TOL[compute]
+        assert torch.equal(one, outs[2][:, 0]) and torch.equal(one, outs[k_table][:, 0])
+        assert torch.equal(outs[2], outs[k_table][:, :2])
+        math_way = outs[k_table + 1][:, :k_table]
+        assert ((math_way - outs[k_table]).abs().double() / scale[:, :k_table]).max() \
+            < 2 * TOL[compute]
 
 
 @pytest.mark.skipif(not (torch.cuda.is_available() and dirmult_ext.CUDA_KERNELS),
