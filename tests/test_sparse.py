@@ -257,6 +257,28 @@ def test_rows_do_not_depend_on_other_rows(device):
     assert torch.equal(whole[10:13], part)
 
 
+@pytest.mark.parametrize("compute", [torch.float32, torch.float64])
+def test_forward_table_rows_equal_math_rows(device, compute):
+    # 400 rows of 50 columns at 30%: more nonzeros than table entries (16 V K),
+    # so the kernels read the small counts' lnpoch from the table (Note [CSR
+    # tables]); ten of the rows alone are too few for it and take the math.
+    # Each row's sum has one order either way, and the entries are the
+    # exact path's values, so the rows agree bit for bit.
+    dense = random_sparse_counts(400, 50, 0.3).to(compute).to(device)
+    la = torch.randn(3, 50, dtype=compute, device=device) - 0.5
+    sc = SparseCounts.from_dense(dense)
+    for normalize in (False, True):
+        whole = dirmult_ext.log_lik_components(sc, la, normalize=normalize)
+        part = dirmult_ext.log_lik_components(sc[20:30], la, normalize=normalize)
+        if device.type == "cpu":
+            assert torch.equal(whole[20:30], part)
+        scale = component_magnitudes(dense[20:30], la, normalize).clamp_min(1.0)
+        assert ((whole[20:30] - part).abs().double().cpu() / scale).max() < 2 * TOL[compute]
+        ref = components_float64(dense, la, normalize)
+        scale = component_magnitudes(dense, la, normalize).clamp_min(1.0)
+        assert ((whole.double().cpu() - ref).abs() / scale).max() < TOL[compute]
+
+
 def test_kept_column_sorted_copy(device):
     dense = random_sparse_counts(12, 10, 0.3).to(device)
     sc = SparseCounts.from_dense(dense)

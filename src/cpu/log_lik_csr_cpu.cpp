@@ -25,6 +25,7 @@
 #include "../common/csr_dispatch.h"
 #include "ops_cpu.h"
 #include "policy_cpu.h"
+#include "tables_cpu.h"
 #include "dirmult/math.h"
 
 namespace dirmult {
@@ -54,6 +55,36 @@ struct CsrAlpha {
   std::vector<CsrColumn<T>> cols;
   std::vector<double> A;
   std::vector<char> finite;
+  // lnpoch(a_kc, n), n = 1 .. kMaxExactCount, laid out (V, n, K); empty
+  // unless fill_table ran (See Note [CSR tables]).
+  std::vector<T> table;
+
+  const T* entries(int64_t c, int n) const {
+    return table.data() + (c * kMaxExactCount + (n - 1)) * K;
+  }
+
+  // The forward's table: the exact path's running products, a cancelling
+  // entry recomputed in float64 (lnpoch_exact_checked's values).
+  void fill_table() {
+    table.resize(static_cast<size_t>(V * K * kMaxExactCount));
+    torch::stable::parallel_for(0, V, parallel_grain(K * kMaxExactCount * 8, 64),
+                                [&](int64_t v0, int64_t v1) {
+      for (int64_t v = v0; v < v1; ++v) {
+        for (int64_t k = 0; k < K; ++k) {
+          const CsrColumn<T>& cs = cols[v * K + k];
+          ExactRun<T> run;  // after factors 1 .. n - 1 for entry n
+          for (int n = 1; n <= kMaxExactCount; ++n) {
+            T r = exact_run_lnpoch(run, cs.f, cs.log_a, n);
+            if (lnpoch_exact_cancels(cs.log_a, n, r)) {
+              r = static_cast<T>(lnpoch_exact_refined(static_cast<double>(cs.log_a), n));
+            }
+            table[(v * kMaxExactCount + (n - 1)) * K + k] = r;
+            exact_run_step(cs.f, n, run);
+          }
+        }
+      }
+    });
+  }
 
   CsrAlpha(const T* la, int64_t K_, int64_t V_) : V(V_), K(K_), cols(V_ * K_), A(K_, 0.0),
                                                   finite(K_, 1) {
@@ -107,6 +138,8 @@ template <typename scalar_t, typename value_t, typename index_t>
 void csr_forward(const index_t* crow, const index_t* col, const value_t* val, int64_t B,
                  int64_t nnz, const CsrAlpha<scalar_t>& p, bool normalize, scalar_t* out) {
   const int64_t K = p.K, V = p.V;
+  const bool table = !p.table.empty();
+  const auto& log_fact = small_log_factorials<scalar_t>();
   torch::stable::parallel_for(0, B, parallel_grain(csr_row_work(nnz, B, K), 64), [&](int64_t b0, int64_t b1) {
     std::vector<double> s(K);
     for (int64_t b = b0; b < b1; ++b) {
@@ -123,6 +156,16 @@ void csr_forward(const index_t* crow, const index_t* col, const value_t* val, in
         }
         if (n == scalar_t(0)) continue;
         N += static_cast<double>(val[j]);
+        if (table && is_exact_count(n)) {
+          const int ni = static_cast<int>(n);
+          const double lf = static_cast<double>(log_fact[ni]);
+          const scalar_t* e = p.entries(c, ni);
+          for (int64_t k = 0; k < K; ++k) {
+            s[k] += static_cast<double>(e[k]);
+            if (normalize) s[k] -= lf;
+          }
+          continue;
+        }
         const scalar_t lf = normalize ? log_factorial(n) : scalar_t(0);
         const CsrColumn<scalar_t>* cs = p.cols.data() + c * K;
         for (int64_t k = 0; k < K; ++k) {
@@ -175,9 +218,25 @@ void csr_backward(const scalar_t* grad, const index_t* crow, const value_t* val,
   torch::stable::parallel_for(0, V, parallel_grain(K * (nnz / std::max<int64_t>(V, 1) + 1), 256),
                               [&](int64_t v0, int64_t v1) {
     std::vector<double> c(K);
+    // adpoch(a_kv, n), n = 1 .. kMaxExactCount, of the column's components
+    // (adpoch_exact's values: the same products), where the column has more
+    // nonzeros than entries.
+    std::vector<scalar_t> ad(static_cast<size_t>(K * kMaxExactCount));
     for (int64_t v = v0; v < v1; ++v) {
       std::fill(c.begin(), c.end(), 0.0);
       const CsrColumn<scalar_t>* cs = p.cols.data() + v * K;
+      const bool held = static_cast<int64_t>(csc_ptr[v + 1]) - static_cast<int64_t>(csc_ptr[v]) >
+                        kMaxExactCount;
+      if (held) {
+        for (int64_t k = 0; k < K; ++k) {
+          ExactRun<scalar_t> run;
+          for (int n = 1; n <= kMaxExactCount; ++n) {
+            ad[(n - 1) * K + k] = exact_run_value(run, cs[k].f, cs[k].a, cs[k].log_a, n, false,
+                                                  false);
+            exact_run_step(cs[k].f, n, run);
+          }
+        }
+      }
       int64_t j0 = static_cast<int64_t>(csc_ptr[v]), j1 = static_cast<int64_t>(csc_ptr[v + 1]);
       if (!(0 <= j0 && j0 <= j1 && j1 <= nnz)) {
         std::fill(c.begin(), c.end(), kNaN);
@@ -192,6 +251,14 @@ void csr_backward(const scalar_t* grad, const index_t* crow, const value_t* val,
         }
         // (A bad count's row has N NaN: S_k and so the gradient are NaN.)
         if (n == scalar_t(0) || !is_valid_count(n)) continue;
+        if (held && is_exact_count(n)) {
+          const scalar_t* e = ad.data() + (static_cast<int64_t>(n) - 1) * K;
+          for (int64_t k = 0; k < K; ++k) {
+            const double g = static_cast<double>(grad[r * K + k]);
+            if (g != 0.0) c[k] += g * static_cast<double>(e[k]);
+          }
+          continue;
+        }
         for (int64_t k = 0; k < K; ++k) {
           const double g = static_cast<double>(grad[r * K + k]);
           if (g != 0.0) c[k] += g * static_cast<double>(adpoch(cs[k].f, cs[k].a, n));
@@ -218,7 +285,8 @@ Tensor log_lik_csr_cpu(Tensor crow, Tensor col, Tensor val, Tensor log_alpha, bo
   Tensor out = torch::stable::new_empty(log_alpha, csr_out_shape(B, log_alpha));
   if (B == 0 || K == 0) return out;
   DM_DISPATCH_COMPUTE(log_alpha.scalar_type(), [&] {
-    const CsrAlpha<scalar_t> p(static_cast<const scalar_t*>(log_alpha.const_data_ptr()), K, V);
+    CsrAlpha<scalar_t> p(static_cast<const scalar_t*>(log_alpha.const_data_ptr()), K, V);
+    if (csr_forward_uses_table(nnz, V, K, sizeof(scalar_t))) p.fill_table();
     DM_DISPATCH_CSR(crow.scalar_type(), val.scalar_type(), [&] {
       csr_forward<scalar_t, value_t, index_t>(
           static_cast<const index_t*>(crow.const_data_ptr()),

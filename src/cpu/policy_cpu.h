@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "dirmult/math.h"
+
 #include "shared_rows_avx2.h"
 
 namespace dirmult {
@@ -59,6 +61,17 @@ inline int64_t parallel_grain(int64_t work_per_item, int64_t min_grain = 1) {
 // (the row total's lnpoch, about 16 nonzeros' worth), for each of K components.
 inline int64_t csr_row_work(int64_t nnz, int64_t B, int64_t K) {
   return K * (nnz / std::max<int64_t>(B, 1) + 16);
+}
+
+// Whether the CSR forward reads lnpoch of small counts from a table (See
+// Note [CSR tables]): its 16 V K entries cost about an lnpoch each, so the
+// nonzeros must outnumber them, and it must stay within the caches' reach.
+constexpr int64_t kCsrTableMaxBytes = int64_t{16} << 20;
+
+inline bool csr_forward_uses_table(int64_t nnz, int64_t V, int64_t K, size_t elem_bytes) {
+  const int64_t entries = V * K * kMaxExactCount;
+  return nnz * K >= 2 * entries &&
+         entries * static_cast<int64_t>(elem_bytes) <= kCsrTableMaxBytes;
 }
 
 // --- Fixed partitions (See Note [Determinism]).
