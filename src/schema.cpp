@@ -44,6 +44,11 @@ STABLE_TORCH_LIBRARY(dirmult, m) {
   m.def(
       "log_lik_csr_backward(Tensor grad, Tensor crow_indices, Tensor values, Tensor csc_ptr, "
       "Tensor csc_rows, Tensor csc_values, Tensor log_alpha) -> Tensor");
+  // The single pass for CSR counts (See Note [Single pass]): (out (B,), the
+  // gradient of out's sum with respect to a shared log_alpha (V,)).
+  m.def(
+      "log_lik_csr_with_grad(Tensor crow_indices, Tensor col_indices, Tensor values, "
+      "Tensor log_alpha, bool normalize=False) -> (Tensor, Tensor)");
   // The DM regression (See Note [Regression fusion]): counts (B, V), X (B,
   // P), W (P, V), bias (V,) or None; per row log_alpha = X[b] W + bias,
   // computed in the kernels, never stored. Returns (B,).

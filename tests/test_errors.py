@@ -144,6 +144,10 @@ OP_ERRORS = {
                                 "torch.tensor([0, 1], device=d), torch.ones(2, device=d), "
                                 "torch.zeros(3, device=d)",
                                 "grad must be .B,. for .V,. log_alpha"),
+    "csr_with_grad log_alpha rank": ("log_lik_csr_with_grad", "torch.tensor([0, 1, 2], device=d), "
+                                     "torch.tensor([0, 1], device=d), torch.ones(2, device=d), "
+                                     "torch.zeros(2, 3, device=d), False",
+                                     "log_lik_csr_with_grad takes log_alpha of shape .V,."),
     "regression counts rank": ("log_lik_regression", "torch.ones(3, 5, 2, device=d), "
                                "torch.zeros(3, 2, device=d), torch.zeros(2, 5, device=d), "
                                "torch.zeros(5, device=d), False",

@@ -54,6 +54,8 @@ def _opcheck_cases(op, device):
                                  _csr_backward_args(torch.randn(6, 3, device=device), counts,
                                                     la_k.detach()),
                                  _csr_backward_args(d(grad), d(counts), d(la))],
+        "log_lik_csr_with_grad": [_csr_parts(counts) + (la.detach(), False),
+                                  _csr_parts(d(counts)) + (d(la).detach(), True)],
         "log_lik_regression": [(counts, *_design(6, 9, 4, device), False),
                                (counts, *_design(6, 9, 4, device, bias=False), True),
                                (counts.to(torch.uint8), *_design(6, 9, 2, device, grad=False), True),
@@ -91,7 +93,8 @@ def _csr_backward_args(grad, counts, log_alpha):
 
 OPS = ["log_lik", "log_lik_backward", "log_lik_with_grad", "log_lik_components",
        "log_lik_components_backward", "poch_terms", "tpoch_terms", "log_lik_csr",
-       "log_lik_csr_backward", "log_lik_regression", "log_lik_regression_backward"]
+       "log_lik_csr_backward", "log_lik_csr_with_grad",
+       "log_lik_regression", "log_lik_regression_backward"]
 
 
 def test_every_op_is_checked():

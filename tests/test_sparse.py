@@ -279,6 +279,87 @@ def test_forward_table_rows_equal_math_rows(device, compute):
         assert ((whole.double().cpu() - ref).abs() / scale).max() < TOL[compute]
 
 
+def _single_pass_case(B=300, V=60, density=0.1, compute=torch.float32):
+    dense = random_sparse_counts(B, V, density).to(compute)
+    dense[:, 4] = torch.randint(0, 30, (B,)).to(compute)  # a long column
+    dense[7] = 0.0
+    return dense, torch.randn(V, dtype=compute) - 0.5
+
+
+@pytest.mark.parametrize("compute", [torch.float32, torch.float64])
+@pytest.mark.parametrize("normalize", [False, True])
+def test_single_pass_matches_forward_and_backward_ops(device, compute, normalize):
+    dense, la = _single_pass_case(compute=compute)
+    dense, la = dense.to(device), la.to(device)
+    sc = SparseCounts.from_dense(dense)
+    out, g = ops.log_lik_csr_with_grad(sc.crow_indices, sc.col_indices, sc.values, la,
+                                       normalize)
+    assert torch.equal(out, ops.log_lik_csr(sc.crow_indices, sc.col_indices, sc.values, la,
+                                            normalize))
+    ptr, rows, vals = csc_parts(sc.crow_indices, sc.col_indices, sc.values, la.shape[0])
+    two_pass = ops.log_lik_csr_backward(torch.ones_like(out), sc.crow_indices, sc.values,
+                                        ptr, rows, vals, la)
+    cols = magnitudes(dense, la)[1]
+    err = (g - two_pass).abs().double().cpu() / cols.clamp_min(1e-3)
+    assert err.max() < 20 * TOL[compute]
+    la64 = la.double().requires_grad_(True)
+    ref = torch.autograd.grad(log_lik_float64(dense, la64, normalize).sum(), la64)[0]
+    assert ((g.double().cpu() - ref.cpu()).abs() / cols.clamp_min(1e-3)).max() < 20 * TOL[compute]
+
+
+def test_single_pass_serves_sums_without_the_column_sorted_copy(monkeypatch):
+    import dirmult_ext.sparse as sparse_module
+    dense, la = _single_pass_case()
+    calls = []
+    build = sparse_module.csc_parts
+    monkeypatch.setattr(sparse_module, "csc_parts", lambda *a: calls.append(1) or build(*a))
+    sc = SparseCounts.from_dense(dense)
+    leaf = la.clone().requires_grad_(True)
+    out = dirmult_ext.log_lik(sc, leaf)
+    g_sum = torch.autograd.grad(out.sum(), leaf)[0]
+    g_scaled = torch.autograd.grad(3.0 * dirmult_ext.log_lik(sc, leaf).sum(), leaf)[0]
+    assert calls == [] and sc._csc is None
+    _, direct = ops.log_lik_csr_with_grad(sc.crow_indices, sc.col_indices, sc.values, la)
+    assert torch.equal(g_sum, direct) and torch.equal(g_scaled, 3.0 * direct)
+    # A weighted sum takes the backward op, over the copy built then.
+    w = torch.rand(dense.shape[0])
+    g_w = torch.autograd.grad((dirmult_ext.log_lik(sc, leaf) * w).sum(), leaf)[0]
+    assert calls == [1]
+    ptr, rows, vals = build(sc.crow_indices, sc.col_indices, sc.values, la.shape[0])
+    assert torch.equal(g_w, ops.log_lik_csr_backward(w, sc.crow_indices, sc.values, ptr, rows,
+                                                     vals, la))
+
+
+def test_single_pass_bitwise_deterministic_and_thread_independent():
+    dense, la = _single_pass_case(B=9000, V=40, density=0.2)  # three row blocks
+    sc = SparseCounts.from_dense(dense)
+    runs = [ops.log_lik_csr_with_grad(sc.crow_indices, sc.col_indices, sc.values, la)
+            for _ in range(3)]
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        runs.append(ops.log_lik_csr_with_grad(sc.crow_indices, sc.col_indices, sc.values, la))
+    finally:
+        torch.set_num_threads(threads)
+    for out, g in runs[1:]:
+        assert torch.equal(out, runs[0][0]) and torch.equal(g, runs[0][1])
+
+
+def test_single_pass_bad_values_and_edges(device):
+    dense, la = _single_pass_case(B=80, V=30)
+    dense[5, 2] = -1.0
+    sc = SparseCounts.from_dense(dense.to(device))
+    out, g = ops.log_lik_csr_with_grad(sc.crow_indices, sc.col_indices, sc.values, la.to(device))
+    assert out[5].isnan() and not out[6].isnan() and g.isnan().all()
+    empty = SparseCounts.from_dense(torch.zeros(0, 30, device=device))
+    out, g = ops.log_lik_csr_with_grad(empty.crow_indices, empty.col_indices, empty.values,
+                                       la.to(device))
+    assert out.shape == (0,) and torch.equal(g, torch.zeros(30, device=device))
+    with pytest.raises(RuntimeError, match="shape \\(V,\\)"):
+        ops.log_lik_csr_with_grad(sc.crow_indices, sc.col_indices, sc.values,
+                                  torch.randn(2, 30, device=device))
+
+
 def test_kept_column_sorted_copy(device):
     dense = random_sparse_counts(12, 10, 0.3).to(device)
     sc = SparseCounts.from_dense(dense)

@@ -282,6 +282,13 @@ def op_log_lik_csr(crow, col, values, log_alpha, *_):
     _csr_parts(crow, col, values, log_alpha)
 
 
+def op_log_lik_csr_with_grad(crow, col, values, log_alpha, *_):
+    _csr_parts(crow, col, values, log_alpha)
+    if log_alpha.dim() != 1:
+        _fail("log_lik_csr_with_grad takes log_alpha of shape (V,), shared by all rows; "
+              f"got {tuple(log_alpha.shape)}")
+
+
 def op_log_lik_csr_backward(grad, crow, values, csc_ptr, csc_rows, csc_values, log_alpha):
     _csr_parts(crow, csc_rows, values, log_alpha)
     for t, name in ((grad, "grad"), (csc_ptr, "csc_ptr"), (csc_values, "csc_values")):
@@ -361,6 +368,7 @@ OP_CHECKS = {
     "tpoch_terms": op_tpoch_terms,
     "log_lik_csr": op_log_lik_csr,
     "log_lik_csr_backward": op_log_lik_csr_backward,
+    "log_lik_csr_with_grad": op_log_lik_csr_with_grad,
     "log_lik_regression": op_log_lik_regression,
     "log_lik_regression_backward": op_log_lik_regression_backward,
 }

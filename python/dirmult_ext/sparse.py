@@ -21,7 +21,8 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from ._ops import ops
+from . import _checks
+from ._ops import _is_uniform, ops
 
 __all__ = ["SparseCounts", "as_sparse_counts", "is_sparse_input", "csc_parts",
            "log_lik", "log_lik_components"]
@@ -515,6 +516,58 @@ torch.library.register_autograd("dirmult::log_lik_csr", _csr_backward,
                                 setup_context=_csr_setup)
 
 
+# The single pass (See Note [Single pass]): the rows' log-likelihoods and the
+# gradient of their sum from one read of the rows, with no column-sorted
+# copy. CPU kernel in src/cpu/log_lik_csr_with_grad_cpu.cpp; on CUDA, until
+# it has a kernel of its own, the forward and the backward ops.
+@torch.library.register_fake("dirmult::log_lik_csr_with_grad")
+def _log_lik_csr_with_grad_fake(crow_indices, col_indices, values, log_alpha, normalize=False):
+    return log_alpha.new_empty((crow_indices.shape[0] - 1,)), torch.empty_like(log_alpha)
+
+
+@torch.library.register_kernel("dirmult::log_lik_csr_with_grad", "cuda")
+def _log_lik_csr_with_grad_cuda(crow_indices, col_indices, values, log_alpha, normalize=False):
+    _checks.op_log_lik_csr_with_grad(crow_indices, col_indices, values, log_alpha)
+    out = ops.log_lik_csr.default(crow_indices, col_indices, values, log_alpha, normalize)
+    ptr, rows, csc_values = _csc_for(crow_indices, col_indices, values, log_alpha.shape[-1])
+    grad = ops.log_lik_csr_backward.default(torch.ones_like(out), crow_indices, values, ptr,
+                                            rows, csc_values, log_alpha)
+    return out, grad
+
+
+# Rows from which the CPU's single pass serves log_lik's eager autograd (as
+# the dense single pass, _ops._SINGLE_PASS_MIN_ROWS_CPU).
+_SINGLE_PASS_MIN_ROWS_CPU = 64
+
+
+def _single_pass_applies(sc: "SparseCounts", log_alpha: Tensor) -> bool:
+    return (torch.is_grad_enabled() and log_alpha.requires_grad and log_alpha.dim() == 1
+            and not sc.values.requires_grad and sc.device.type == "cpu"
+            and sc.shape[0] >= _SINGLE_PASS_MIN_ROWS_CPU
+            and not torch.compiler.is_compiling()
+            and not torch._C._are_functorch_transforms_active())
+
+
+class _CsrSinglePass(torch.autograd.Function):
+    """log_lik_csr whose forward also computes the gradient of the rows'
+    sum; a backward whose incoming gradient is one number for every row (a
+    sum, as its strides show) returns that number times it, any other runs
+    the backward op over the column-sorted copy (built then)."""
+
+    @staticmethod
+    def forward(ctx, crow, col, values, log_alpha, normalize):
+        out, ctx.grad_of_sum = ops.log_lik_csr_with_grad.default(crow, col, values, log_alpha,
+                                                                  normalize)
+        ctx.save_for_backward(crow, col, values, log_alpha)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        if _is_uniform(grad) and not torch.is_grad_enabled():
+            return None, None, None, ctx.grad_of_sum * grad.reshape(-1)[0], None
+        return _csr_backward(ctx, grad)
+
+
 # ------------------------------------------------------------ public entries
 def _prepare(counts, log_alpha: Tensor, name: str, validate: bool) -> Tuple[SparseCounts, Tensor]:
     sc = as_sparse_counts(counts, validate=True if validate else None)
@@ -529,8 +582,6 @@ def _prepare(counts, log_alpha: Tensor, name: str, validate: bool) -> Tuple[Spar
         else torch.float32
     if log_alpha.dtype != dtype:
         log_alpha = log_alpha.to(dtype)
-    if torch.is_grad_enabled() and log_alpha.requires_grad and not torch.compiler.is_compiling():
-        sc.csc()  # (built once and kept on sc: the backward finds it, Note [CSR gradient])
     if validate:
         if not bool(torch.isfinite(sc.values).all()):
             raise ValueError("counts contains NaN or infinite values")
@@ -539,6 +590,11 @@ def _prepare(counts, log_alpha: Tensor, name: str, validate: bool) -> Tuple[Spar
         if not bool(torch.isfinite(log_alpha).all()):
             raise ValueError(f"{name} contains NaN or infinite values")
     return sc, log_alpha
+
+
+def _keep_csc(sc: SparseCounts, log_alpha: Tensor) -> None:
+    if torch.is_grad_enabled() and log_alpha.requires_grad and not torch.compiler.is_compiling():
+        sc.csc()  # (built once and kept on sc: the backward finds it, Note [CSR gradient])
 
 
 def log_lik(counts, log_alpha: Optional[Tensor] = None, alpha: Optional[Tensor] = None, *,
@@ -558,6 +614,10 @@ def log_lik(counts, log_alpha: Optional[Tensor] = None, alpha: Optional[Tensor] 
             f"with sparse counts {name} must be shared, shape ({V},); got "
             f"{tuple(log_alpha.shape)}. Per-sample (B, V) concentrations take dense counts; "
             "(K, V) components take log_lik_components")
+    if _single_pass_applies(sc, log_alpha):
+        return _CsrSinglePass.apply(sc.crow_indices, sc.col_indices, sc.values, log_alpha,
+                                    normalize)
+    _keep_csc(sc, log_alpha)
     return ops.log_lik_csr(sc.crow_indices, sc.col_indices, sc.values, log_alpha, normalize)
 
 
@@ -571,4 +631,5 @@ def log_lik_components(counts, log_alpha: Tensor, *, normalize: bool = False,
     if log_alpha.is_cuda and log_alpha.shape[0] > MAX_CUDA_COMPONENTS:
         raise ValueError(f"with sparse counts on CUDA, log_alpha may have at most "
                          f"{MAX_CUDA_COMPONENTS} components, got {log_alpha.shape[0]}")
+    _keep_csc(sc, log_alpha)
     return ops.log_lik_csr(sc.crow_indices, sc.col_indices, sc.values, log_alpha, normalize)

@@ -31,6 +31,9 @@ std::tuple<Tensor, Tensor> tpoch_terms_cpu(Tensor log_alpha, Tensor n);
 Tensor log_lik_csr_cpu(Tensor crow, Tensor col, Tensor val, Tensor log_alpha, bool normalize);
 Tensor log_lik_csr_backward_cpu(Tensor grad, Tensor crow, Tensor val, Tensor csc_ptr,
                                 Tensor csc_row, Tensor csc_val, Tensor log_alpha);
+// log_lik_csr_with_grad_cpu.cpp
+std::tuple<Tensor, Tensor> log_lik_csr_with_grad_cpu(Tensor crow, Tensor col, Tensor val,
+                                                     Tensor log_alpha, bool normalize);
 // log_lik_regression_cpu.cpp
 Tensor log_lik_regression_cpu(Tensor counts, Tensor X, Tensor W, std::optional<Tensor> bias,
                               bool normalize);

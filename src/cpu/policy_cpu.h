@@ -76,6 +76,10 @@ inline bool csr_forward_uses_table(int64_t nnz, int64_t V, int64_t K, size_t ele
 
 // --- Fixed partitions (See Note [Determinism]).
 
+// Row blocks of the CSR single pass, each with its own V column sums:
+// at most this many (log_lik_csr_with_grad_cpu.cpp).
+constexpr int64_t kCsrGradBlocks = 64;
+
 // Columns per block of the concentration total A's partial sums.
 constexpr int64_t kAlphaSumBlock = 4096;
 

@@ -14,6 +14,7 @@ STABLE_TORCH_LIBRARY_IMPL(dirmult, CPU, m) {
   m.impl("tpoch_terms", DM_BOX(&dirmult::cpu::tpoch_terms_cpu));
   m.impl("log_lik_csr", DM_BOX(&dirmult::cpu::log_lik_csr_cpu));
   m.impl("log_lik_csr_backward", DM_BOX(&dirmult::cpu::log_lik_csr_backward_cpu));
+  m.impl("log_lik_csr_with_grad", DM_BOX(&dirmult::cpu::log_lik_csr_with_grad_cpu));
   m.impl("log_lik_regression", DM_BOX(&dirmult::cpu::log_lik_regression_cpu));
   m.impl("log_lik_regression_backward", DM_BOX(&dirmult::cpu::log_lik_regression_backward_cpu));
 }
