@@ -1,7 +1,8 @@
-// The CSR forward: a warp per row (batch-invariant: a row's sum order
-// depends on its own nonzeros only), lanes striding over its nonzeros, alpha
-// gathered through the read-only cache. See Note [CSR inputs]; the table
-// kernel below is the one most calls take (See Note [CSR tables]).
+// The CSR forwards, lanes striding over a row's nonzeros (batch-invariant: a
+// row's sum order depends on its own nonzeros only): csr_forward_table_kernel
+// (the one most calls take: small counts' lnpoch from a table, See Note [CSR
+// tables]) and csr_forward_kernel (the per-nonzero math, alpha gathered
+// through the read-only cache, for tables too large). See Note [CSR inputs].
 #pragma once
 
 #include "csr_alpha.cuh"
