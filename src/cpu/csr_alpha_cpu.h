@@ -105,6 +105,17 @@ struct CsrAlpha {
   }
 };
 
+// adpoch(a, n), n = 1 .. kMaxExactCount, of one (column, component) into
+// dst[(n - 1) * stride]: adpoch_exact's values (the same products).
+template <typename T>
+inline void adpoch_entries(const CsrColumn<T>& cs, T* dst, int64_t stride) {
+  ExactRun<T> run;  // after factors 1 .. n - 1 for entry n
+  for (int n = 1; n <= kMaxExactCount; ++n) {
+    dst[(n - 1) * stride] = exact_run_value(run, cs.f, cs.a, cs.log_a, n, false, false);
+    exact_run_step(cs.f, n, run);
+  }
+}
+
 // -lnpoch(A, N) [+ log N! when normalized]: the dense kernels' row term.
 inline double csr_row_term(double A, double N, bool normalize) {
   double t = -lnpoch<double>(A, std::log(A), N);

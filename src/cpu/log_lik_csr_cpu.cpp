@@ -119,9 +119,8 @@ void csr_backward(const scalar_t* grad, const index_t* crow, const value_t* val,
   torch::stable::parallel_for(0, V, parallel_grain(K * (nnz / std::max<int64_t>(V, 1) + 1), 256),
                               [&](int64_t v0, int64_t v1) {
     std::vector<double> c(K);
-    // adpoch(a_kv, n), n = 1 .. kMaxExactCount, of the column's components
-    // (adpoch_exact's values: the same products), where the column has more
-    // nonzeros than entries.
+    // adpoch(a_kv, n), n = 1 .. kMaxExactCount, of the column's components,
+    // laid out (n, K), where the column has more nonzeros than entries.
     std::vector<scalar_t> ad(static_cast<size_t>(K * kMaxExactCount));
     for (int64_t v = v0; v < v1; ++v) {
       std::fill(c.begin(), c.end(), 0.0);
@@ -129,14 +128,7 @@ void csr_backward(const scalar_t* grad, const index_t* crow, const value_t* val,
       const bool held = static_cast<int64_t>(csc_ptr[v + 1]) - static_cast<int64_t>(csc_ptr[v]) >
                         kMaxExactCount;
       if (held) {
-        for (int64_t k = 0; k < K; ++k) {
-          ExactRun<scalar_t> run;
-          for (int n = 1; n <= kMaxExactCount; ++n) {
-            ad[(n - 1) * K + k] = exact_run_value(run, cs[k].f, cs[k].a, cs[k].log_a, n, false,
-                                                  false);
-            exact_run_step(cs[k].f, n, run);
-          }
-        }
+        for (int64_t k = 0; k < K; ++k) adpoch_entries(cs[k], ad.data() + k, K);
       }
       int64_t j0 = static_cast<int64_t>(csc_ptr[v]), j1 = static_cast<int64_t>(csc_ptr[v + 1]);
       if (!(0 <= j0 && j0 <= j1 && j1 <= nnz)) {

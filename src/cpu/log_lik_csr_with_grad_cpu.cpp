@@ -32,22 +32,13 @@ namespace {
 
 using namespace csr;
 
-// adpoch(a_c, n), n = 1 .. kMaxExactCount, of every column (adpoch_exact's
-// values: the same products), laid out (V, n).
+// adpoch(a_c, n), n = 1 .. kMaxExactCount, of every column, laid out (V, n).
 template <typename T>
 std::vector<T> adpoch_entries(const CsrAlpha<T>& p) {
   std::vector<T> ad(static_cast<size_t>(p.V * kMaxExactCount));
   torch::stable::parallel_for(0, p.V, parallel_grain(kMaxExactCount * 8, 64),
                               [&](int64_t v0, int64_t v1) {
-    for (int64_t v = v0; v < v1; ++v) {
-      const CsrColumn<T>& cs = p.cols[v];
-      ExactRun<T> run;
-      for (int n = 1; n <= kMaxExactCount; ++n) {
-        ad[v * kMaxExactCount + (n - 1)] = exact_run_value(run, cs.f, cs.a, cs.log_a, n, false,
-                                                           false);
-        exact_run_step(cs.f, n, run);
-      }
-    }
+    for (int64_t v = v0; v < v1; ++v) adpoch_entries(p.cols[v], ad.data() + v * kMaxExactCount, 1);
   });
   return ad;
 }
