@@ -74,6 +74,19 @@ template <int KW>
 constexpr int csr_loads_in_flight() {
   return KW == 1 ? 4 : 2;
 }
+// With many components a walk gathers the U nonzeros' table entries before
+// it uses any, so that their latencies overlap too (K = 16: 11.1 ms to 10.3);
+// a single component's walk gathers each as it adds it and runs 4 blocks an
+// SM instead in float32 (64 registers): 0.84x to 0.95x the time of the
+// hoisted gathers at 3 blocks an SM (BENCHMARKS.md, CSR counts).
+template <int KW>
+constexpr bool csr_hoists_gathers() {
+  return KW > 1;
+}
+template <typename T, int KW>
+constexpr int csr_forward_min_blocks() {
+  return KW == 1 && sizeof(T) == 4 ? 4 : 1;
+}
 
 // lnpoch(a_kc, n) [- log n!] for a count off the table (a non-integer or
 // one above kMaxExactCount; n > 0), in float64 as the sum takes it.
@@ -94,7 +107,7 @@ __device__ __noinline__ double csr_rare_term(const CsrColumn<T>* __restrict__ co
 // increasing order, then warp_sum), so a row depends on its own nonzeros
 // only.
 template <typename T, typename value_t, typename index_t, int R, int KW>
-__global__ void __launch_bounds__(kCsrRowsPerBlock * 32)
+__global__ void __launch_bounds__(kCsrRowsPerBlock * 32, csr_forward_min_blocks<T, KW>())
     csr_forward_table_kernel(const index_t* __restrict__ crow, const index_t* __restrict__ col,
                              const value_t* __restrict__ val, int64_t B, int64_t nnz, int64_t V,
                              int K, const T* __restrict__ tab,
@@ -123,28 +136,28 @@ __global__ void __launch_bounds__(kCsrRowsPerBlock * 32)
       double lane_N = 0.0;
       bool lane_ok = true;
       for (int64_t jb = j0 + lane; jb < j1; jb += 32 * U) {
-        int64_t cj[U];
+        index_t cj[U];
         value_t xj[U];
 #pragma unroll
         for (int u = 0; u < U; ++u) {
           const int64_t j = jb + 32 * u;
-          cj[u] = j < j1 ? static_cast<int64_t>(__ldg(col + j)) : 0;
+          cj[u] = j < j1 ? __ldg(col + j) : index_t(0);
           xj[u] = j < j1 ? __ldg(val + j) : value_t(0);
         }
-        // The table entries of all U nonzeros are gathered before any is
-        // used, so that their latencies overlap too.
         T tv[U][KW];
+        if constexpr (csr_hoists_gathers<KW>()) {
 #pragma unroll
-        for (int u = 0; u < U; ++u) {
-          const T n = static_cast<T>(xj[u]);
-          const bool table = cj[u] >= 0 && cj[u] < V && n > T(0) && is_exact_count(n);
-          const T* e = tab + (table ? csr_table_index(cj[u], static_cast<int>(n), K) + k0 : 0);
+          for (int u = 0; u < U; ++u) {
+            const T n = static_cast<T>(xj[u]);
+            const bool table = cj[u] >= 0 && cj[u] < V && n > T(0) && is_exact_count(n);
+            const T* e = tab + (table ? csr_table_index(cj[u], static_cast<int>(n), K) + k0 : 0);
 #pragma unroll
-          for (int kk = 0; kk < KW; ++kk) tv[u][kk] = table && kk < kn ? __ldg(e + kk) : T(0);
+            for (int kk = 0; kk < KW; ++kk) tv[u][kk] = table && kk < kn ? __ldg(e + kk) : T(0);
+          }
         }
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-          const int64_t c = cj[u];
+          const int64_t c = static_cast<int64_t>(cj[u]);
           const T n = static_cast<T>(xj[u]);
           if (c < 0 || c >= V || !is_valid_count(n)) {
             lane_ok = false;
@@ -154,6 +167,11 @@ __global__ void __launch_bounds__(kCsrRowsPerBlock * 32)
           lane_N += static_cast<double>(xj[u]);
           if (is_exact_count(n)) {
             const double lf = static_cast<double>(log_fact[static_cast<int>(n)]);
+            if constexpr (!csr_hoists_gathers<KW>()) {
+              const T* e = tab + csr_table_index(c, static_cast<int>(n), K) + k0;
+#pragma unroll
+              for (int kk = 0; kk < KW; ++kk) tv[u][kk] = kk < kn ? __ldg(e + kk) : T(0);
+            }
 #pragma unroll
             for (int kk = 0; kk < KW; ++kk) {
               if (kk < kn) {
