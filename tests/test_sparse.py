@@ -802,9 +802,9 @@ def test_cuda_matches_cpu_kernels(compute):
                     reason="the CUDA forward's ways")
 @pytest.mark.parametrize("compute", [torch.float32, torch.float64])
 def test_cuda_forward_table_and_math_ways_agree(compute):
-    # The table holds 16 V K entries and serves up to 32 MiB (policy.h): at
-    # V = 50000 up to 10 float32 or 5 float64 components; one more takes the
-    # per-nonzero math. 2 components and the largest table take the table
+    # The table holds 16 V K entries and, with as few nonzeros as these,
+    # serves up to 32 MiB (policy.h): at V = 50000 up to 10 float32 or 5
+    # float64 components; one more takes the per-nonzero math. 2 components and the largest table take the table
     # (one walk of up to 8 components, or two). Short rows and long rows
     # (the second matrix: a warp a row either way at these few rows).
     V = 50_000
@@ -827,6 +827,34 @@ def test_cuda_forward_table_and_math_ways_agree(compute):
         math_way = outs[k_table + 1][:, :k_table]
         assert ((math_way - outs[k_table]).abs().double() / scale[:, :k_table]).max() \
             < 2 * TOL[compute]
+
+
+@pytest.mark.skipif(not (torch.cuda.is_available() and dirmult_ext.CUDA_KERNELS),
+                    reason="the CUDA forward's table sizes")
+def test_cuda_large_table_and_padded_walks_agree():
+    # Past 32 MiB the table still serves where the nonzeros' terms outnumber
+    # its entries 4 to 1 (policy.h): V = 50000, K = 16 in float32 is 51 MB,
+    # taken with these 4e6 nonzeros. Entries padded to 16-byte loads (K = 3,
+    # 9, 10) and walks of 16 (K > 8, a warp a row): each component's sums
+    # keep their order, so the same bits for any K.
+    B, V = 400, 50_000
+    dense = random_sparse_counts(B, V, 0.2)
+    dense[3] = 0.0
+    assert dense.count_nonzero() > 3_500_000
+    la = torch.randn(16, V) - 1.0
+    sc = SparseCounts.from_dense(dense.cuda())
+    outs = {K: dirmult_ext.log_lik_components(sc, la[:K].cuda(), normalize=True).cpu()
+            for K in (3, 9, 10, 16)}
+    for K, out in outs.items():
+        assert torch.equal(out, outs[16][:, :K]), K
+    one = dirmult_ext.log_lik(sc, la[5].cuda(), normalize=True).cpu()
+    assert torch.equal(one, outs[16][:, 5])
+    rows = 40
+    cpu = dirmult_ext.log_lik_components(SparseCounts.from_dense(dense[:rows]), la,
+                                         normalize=True)
+    scale = component_magnitudes(dense[:rows], la, True).clamp_min(1.0)
+    assert ((outs[16][:rows] - cpu).abs().double() / scale).max() < 2 * TOL[torch.float32]
+    assert torch.isfinite(outs[16][torch.arange(B) != 3]).all()
 
 
 @pytest.mark.skipif(not (torch.cuda.is_available() and dirmult_ext.CUDA_KERNELS),

@@ -22,21 +22,22 @@ namespace cuda {
 namespace {
 
 // The prepared concentrations of one call: cols (V, K), the totals A (K,)
-// and, when asked, the forward's table (V, kCsrTableCounts, K).
+// and, when asked (Kt > 0), the forward's table (V, kCsrTableCounts, Kt).
 struct CsrPrep {
   Tensor cols, A, table;
 };
 
 template <typename T>
-CsrPrep prepare_alpha(const Tensor& log_alpha, int64_t K, int64_t V, bool with_table,
+CsrPrep prepare_alpha(const Tensor& log_alpha, int64_t K, int64_t V, int64_t Kt,
                       cudaStream_t stream) {
+  const bool with_table = Kt > 0;
   const int nblk = csr_prep_blocks(V);
   CsrPrep p;
   p.cols = torch::stable::new_empty(log_alpha, {std::max<int64_t>(V * K, 1) * 4});
   Tensor Apart = torch::stable::new_empty(log_alpha, {K * nblk}, ScalarType::Double);
   p.A = torch::stable::new_empty(log_alpha, {K}, ScalarType::Double);
   if (with_table) {
-    p.table = torch::stable::new_empty(log_alpha, {std::max<int64_t>(V * K * kCsrTableCounts, 1)});
+    p.table = torch::stable::new_empty(log_alpha, {std::max<int64_t>(V * Kt * kCsrTableCounts, 1)});
   }
   csr_alpha_prep_kernel<T><<<dim3(nblk, static_cast<unsigned>(K)), kCsrPrepThreads, 0, stream>>>(
       static_cast<const T*>(log_alpha.const_data_ptr()), V, static_cast<int>(K),
@@ -45,9 +46,9 @@ CsrPrep prepare_alpha(const Tensor& log_alpha, int64_t K, int64_t V, bool with_t
   DM_CUDA_CHECK_LAUNCH();
   if (with_table && V * K > 0) {
     csr_table_fill_kernel<T>
-        <<<static_cast<unsigned>(ceil_div(V * K * kCsrTableCounts, 256)), 256, 0, stream>>>(
+        <<<static_cast<unsigned>(ceil_div(V * Kt * kCsrTableCounts, 256)), 256, 0, stream>>>(
             static_cast<const T*>(log_alpha.const_data_ptr()), V, static_cast<int>(K),
-            static_cast<T*>(p.table.mutable_data_ptr()));
+            static_cast<int>(Kt), static_cast<T*>(p.table.mutable_data_ptr()));
     DM_CUDA_CHECK_LAUNCH();
   }
   csr_alpha_totals_kernel<<<static_cast<unsigned>(ceil_div(K, 32)), 32, 0, stream>>>(
@@ -74,8 +75,9 @@ Tensor log_lik_csr_cuda(Tensor crow, Tensor col, Tensor val, Tensor log_alpha, b
   if (B == 0 || K == 0) return out;
   const cudaStream_t stream = current_stream(log_alpha.get_device_index());
   DM_DISPATCH_COMPUTE(log_alpha.scalar_type(), [&] {
-    const bool table = csr_forward_uses_table(V, K, kCsrTableCounts, sizeof(scalar_t));
-    const CsrPrep p = prepare_alpha<scalar_t>(log_alpha, K, V, table, stream);
+    const int64_t Kt = csr_table_stride(V, K, kCsrTableCounts, nnz, sizeof(scalar_t));
+    const bool table = Kt > 0;
+    const CsrPrep p = prepare_alpha<scalar_t>(log_alpha, K, V, Kt, stream);
     DM_DISPATCH_CSR(crow.scalar_type(), val.scalar_type(), [&] {
       if (table) {
         const bool short_rows = csr_forward_short_rows(B, nnz, kCsrRowsPerWarpShort);
@@ -87,18 +89,22 @@ Tensor log_lik_csr_cuda(Tensor crow, Tensor col, Tensor val, Tensor log_alpha, b
                   static_cast<const index_t*>(crow.const_data_ptr()),
                   static_cast<const index_t*>(col.const_data_ptr()),
                   static_cast<const value_t*>(val.const_data_ptr()), B, nnz, V,
-                  static_cast<int>(K), static_cast<const scalar_t*>(p.table.const_data_ptr()),
+                  static_cast<int>(K), static_cast<int>(Kt),
+                  static_cast<const scalar_t*>(p.table.const_data_ptr()),
                   static_cast<const CsrColumn<scalar_t>*>(p.cols.const_data_ptr()),
                   static_cast<const double*>(p.A.const_data_ptr()), normalize,
                   static_cast<scalar_t*>(out.mutable_data_ptr()));
         };
         using One = std::integral_constant<int, 1>;
         using Short = std::integral_constant<int, kCsrRowsPerWarpShort>;
-        using Walk = std::integral_constant<int, kCsrWalkComponents>;
+        using Walk8 = std::integral_constant<int, 8>;
+        using Walk16 = std::integral_constant<int, 16>;
         if (K == 1) {
           short_rows ? launch(Short{}, One{}) : launch(One{}, One{});
+        } else if (csr_walk_components(K, short_rows) == 16) {
+          launch(One{}, Walk16{});
         } else {
-          short_rows ? launch(Short{}, Walk{}) : launch(One{}, Walk{});
+          short_rows ? launch(Short{}, Walk8{}) : launch(One{}, Walk8{});
         }
         DM_CUDA_CHECK_LAUNCH();
         return;
@@ -141,7 +147,7 @@ Tensor log_lik_csr_backward_cuda(Tensor grad, Tensor crow, Tensor val, Tensor cs
                                          ScalarType::Double);
   Tensor S = torch::stable::new_empty(log_alpha, {K}, ScalarType::Double);
   DM_DISPATCH_COMPUTE(log_alpha.scalar_type(), [&] {
-    const CsrPrep p = prepare_alpha<scalar_t>(log_alpha, K, V, false, stream);
+    const CsrPrep p = prepare_alpha<scalar_t>(log_alpha, K, V, 0, stream);
     DM_DISPATCH_CSR(crow.scalar_type(), val.scalar_type(), [&] {
       const auto* g = static_cast<const scalar_t*>(grad.const_data_ptr());
       const auto* A = static_cast<const double*>(p.A.const_data_ptr());

@@ -121,12 +121,34 @@ ComponentsWay components_way_setting();
 // ---- CSR counts: log_lik_csr (See Note [CSR tables]).
 
 // The forward reads lnpoch of counts up to kMaxExactCount from a table of
-// (V, 16, K) entries, gathered through L2, up to this size; larger tables
-// (many components of many columns) take the per-nonzero math.
-constexpr int64_t kCsrTableMaxBytes = int64_t{32} << 20;
+// (V, 16, Kt) entries, gathered through L2 (or DRAM beyond it): always up
+// to kCsrTableCachedBytes (filled in microseconds), and up to
+// kCsrTableMaxBytes where its entries are at most a quarter of the
+// nonzeros' terms (nnz K), so that filling it costs at most a quarter of
+// the per-nonzero math it replaces (K = 16 at 1000000 x 50000, a 51 MB
+// table: 28.6 ms with the per-nonzero math, 5.0 ms with the table;
+// docs/PERFORMANCE_LEDGER.md, CSR counts). Otherwise the per-nonzero math.
+constexpr int64_t kCsrTableCachedBytes = int64_t{32} << 20;
+constexpr int64_t kCsrTableMaxBytes = int64_t{256} << 20;
 
-inline bool csr_forward_uses_table(int64_t V, int64_t K, int64_t counts, size_t elem_bytes) {
-  return V * K * counts * static_cast<int64_t>(elem_bytes) <= kCsrTableMaxBytes;
+inline bool csr_forward_uses_table(int64_t V, int64_t Kt, int64_t counts, int64_t terms,
+                                   size_t elem_bytes) {
+  const int64_t entries = V * Kt * counts;
+  const int64_t bytes = entries * static_cast<int64_t>(elem_bytes);
+  return bytes <= kCsrTableCachedBytes || (bytes <= kCsrTableMaxBytes && 4 * entries <= terms);
+}
+
+// The entries a (column, count) of the table holds: for more than one
+// component, K rounded up to whole 16-byte loads where such a table is
+// taken, so that the components' walks gather their entries in 16-byte
+// loads (K = 16 at 200000 x 30000: 12.6 ms to 9.9); else K, and element
+// loads. 0: no table.
+inline int64_t csr_table_stride(int64_t V, int64_t K, int64_t counts, int64_t nnz,
+                                size_t elem_bytes) {
+  const int64_t per_load = 16 / static_cast<int64_t>(elem_bytes);
+  const int64_t padded = K > 1 ? (K + per_load - 1) / per_load * per_load : K;
+  if (csr_forward_uses_table(V, padded, counts, nnz * K, elem_bytes)) return padded;
+  return csr_forward_uses_table(V, K, counts, nnz * K, elem_bytes) ? K : 0;
 }
 
 // Rows per warp of the table forward: `rows` (each finished by its own
@@ -138,6 +160,15 @@ constexpr int64_t kCsrShortRowsMinWarps = 4096;
 
 inline bool csr_forward_short_rows(int64_t B, int64_t nnz, int rows) {
   return nnz < kCsrLongRowNonzeros * B && B >= kCsrShortRowsMinWarps * rows;
+}
+
+// Components a walk of the table forward sums: 16 (one read of the values
+// for K = 16) where a warp takes a row, from 9 components; else 8, whose
+// registers leave room for more warps (K = 16 at 200000 x 30000: 9.9 ms in
+// walks of 8, 7.8 in walks of 16 at the same one block an SM; at 1000000 x
+// 50000, 32 rows a warp, K = 10: 4.3 ms in walks of 8, 5.1 in walks of 16).
+inline int csr_walk_components(int64_t K, bool short_rows) {
+  return K > 8 && !short_rows ? 16 : 8;
 }
 
 // ---- log_lik_regression (See Note [Regression fusion]).

@@ -37,11 +37,12 @@ __device__ __forceinline__ CsrColumn<T> load_csr_column(const CsrColumn<T>* p) {
 }
 
 // The CSR forward's table: lnpoch(a_kc, n) for n = 1 .. kMaxExactCount,
-// laid out (V, n, K), so that one nonzero's K components are adjacent.
+// laid out (V, n, Kt), so that one nonzero's K components are adjacent; Kt
+// >= K entries a (column, count), those past K zero (csr_table_stride).
 constexpr int kCsrTableCounts = kMaxExactCount;
 
-__host__ __device__ __forceinline__ int64_t csr_table_index(int64_t c, int n, int K) {
-  return (c * kCsrTableCounts + (n - 1)) * K;
+__host__ __device__ __forceinline__ int64_t csr_table_index(int64_t c, int n, int Kt) {
+  return (c * kCsrTableCounts + (n - 1)) * Kt;
 }
 
 // Entry (c, n, k) = lnpoch(a_kc, n), n = 1 .. kMaxExactCount, from the exact
@@ -51,14 +52,18 @@ __host__ __device__ __forceinline__ int64_t csr_table_index(int64_t c, int n, in
 // the forward's critical path). log_alpha (K, V).
 template <typename T>
 __global__ void __launch_bounds__(256)
-    csr_table_fill_kernel(const T* __restrict__ log_alpha, int64_t V, int K,
+    csr_table_fill_kernel(const T* __restrict__ log_alpha, int64_t V, int K, int Kt,
                           T* __restrict__ tab) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= V * K * kCsrTableCounts) return;
-  // i = (c * kCsrTableCounts + n - 1) * K + k: the table's own order, so the
-  // stores are coalesced.
-  const int k = static_cast<int>(i % K);
-  const int64_t cn = i / K;
+  if (i >= V * Kt * kCsrTableCounts) return;
+  // i = (c * kCsrTableCounts + n - 1) * Kt + k: the table's own order, so
+  // the stores are coalesced.
+  const int k = static_cast<int>(i % Kt);
+  if (k >= K) {
+    tab[i] = T(0);
+    return;
+  }
+  const int64_t cn = i / Kt;
   const int n = static_cast<int>(cn % kCsrTableCounts) + 1;
   const int64_t c = cn / kCsrTableCounts;
   const T la = log_alpha[static_cast<int64_t>(k) * V + c];

@@ -65,9 +65,6 @@ __global__ void __launch_bounds__(kCsrRowsPerBlock * 32)
 // whole warp, then its finish by one lane (lane r for the warp's row r), so
 // that for rows of few nonzeros the float64 finish runs on 32 lanes at once.
 constexpr int kCsrRowsPerWarpShort = 32;
-// Components one walk of a row sums (its table entries adjacent); more take
-// further walks.
-constexpr int kCsrWalkComponents = 8;
 // Nonzeros a lane loads before it uses any, by components per walk: the
 // loads' latencies overlap (their table entries take KW registers each).
 template <int KW>
@@ -78,14 +75,53 @@ constexpr int csr_loads_in_flight() {
 // it uses any, so that their latencies overlap too (K = 16: 11.1 ms to 10.3);
 // a single component's walk gathers each as it adds it and runs 4 blocks an
 // SM instead in float32 (64 registers): 0.84x to 0.95x the time of the
-// hoisted gathers at 3 blocks an SM (BENCHMARKS.md, CSR counts).
+// hoisted gathers at 3 blocks an SM. Walks of 16 in float32 run 2 blocks an
+// SM (128 registers, about 100 bytes spilled): K = 16 at 200000 x 30000
+// 7.64 ms at one block (168 registers, 12.5% occupancy) to 5.69
+// (docs/PERFORMANCE_LEDGER.md, CSR counts).
 template <int KW>
 constexpr bool csr_hoists_gathers() {
   return KW > 1;
 }
 template <typename T, int KW>
 constexpr int csr_forward_min_blocks() {
-  return KW == 1 && sizeof(T) == 4 ? 4 : 1;
+  return sizeof(T) == 4 ? (KW == 1 ? 4 : KW == 16 ? 2 : 1) : 1;
+}
+
+// Entries of T a 16-byte load holds.
+template <typename T>
+constexpr int csr_entries_per_load() {
+  return 16 / static_cast<int>(sizeof(T));
+}
+
+// The table entries e[0 .. kn) of one (column, count) that a walk adds (out
+// past kn: 0 or the table's zero padding): in 16-byte loads where `vec` (e
+// 16-byte aligned, and whole loads within the table: csr_table_stride), so
+// that a nonzero's 16 entries take 4 loads in float32 rather than 16.
+template <typename T, int KW>
+__device__ __forceinline__ void load_table_entries(const T* __restrict__ e, bool vec, int kn,
+                                                   T out[KW]) {
+  constexpr int L = csr_entries_per_load<T>();
+  if constexpr (KW % L == 0) {
+    if (vec) {
+#pragma unroll
+      for (int q = 0; q < KW / L; ++q) {
+        if (q * L >= kn) {
+#pragma unroll
+          for (int i = 0; i < L; ++i) out[q * L + i] = T(0);
+        } else if constexpr (sizeof(T) == 4) {
+          const float4 x = __ldg(reinterpret_cast<const float4*>(e) + q);
+          out[4 * q] = x.x, out[4 * q + 1] = x.y, out[4 * q + 2] = x.z, out[4 * q + 3] = x.w;
+        } else {
+          const double2 x = __ldg(reinterpret_cast<const double2*>(e) + q);
+          out[2 * q] = x.x, out[2 * q + 1] = x.y;
+        }
+      }
+      return;
+    }
+  }
+#pragma unroll
+  for (int kk = 0; kk < KW; ++kk) out[kk] = kk < kn ? __ldg(e + kk) : T(0);
 }
 
 // lnpoch(a_kc, n) [- log n!] for a count off the table (a non-integer or
@@ -101,7 +137,7 @@ __device__ __noinline__ double csr_rare_term(const CsrColumn<T>* __restrict__ co
 
 // The same rows as csr_forward_kernel with the per-nonzero math replaced by
 // the table (See Note [CSR tables]): a nonzero of count n <= kMaxExactCount
-// adds tab[csr_table_index(c, n, K) + k] (minus log n! from a block copy).
+// adds tab[csr_table_index(c, n, Kt) + k] (minus log n! from a block copy).
 // A warp takes R consecutive rows and components in walks of KW; each row's
 // sums use the same order as csr_forward_kernel's (a lane's nonzeros in
 // increasing order, then warp_sum), so a row depends on its own nonzeros
@@ -110,7 +146,7 @@ template <typename T, typename value_t, typename index_t, int R, int KW>
 __global__ void __launch_bounds__(kCsrRowsPerBlock * 32, csr_forward_min_blocks<T, KW>())
     csr_forward_table_kernel(const index_t* __restrict__ crow, const index_t* __restrict__ col,
                              const value_t* __restrict__ val, int64_t B, int64_t nnz, int64_t V,
-                             int K, const T* __restrict__ tab,
+                             int K, int Kt, const T* __restrict__ tab,
                              const CsrColumn<T>* __restrict__ cols, const double* __restrict__ A,
                              bool normalize, T* __restrict__ out) {
   __shared__ T log_fact[kTableWidth];
@@ -124,6 +160,8 @@ __global__ void __launch_bounds__(kCsrRowsPerBlock * 32, csr_forward_min_blocks<
   const int rows = static_cast<int>(min(static_cast<int64_t>(R), B - b0));
   for (int k0 = 0; k0 < K; k0 += KW) {
     const int kn = min(KW, K - k0);
+    // Entry (c, n, k0) is Kt (c * 16 + n - 1) + k0 entries from tab.
+    const bool vec = Kt % csr_entries_per_load<T>() == 0;
     double mine[KW];  // lane r: the sums of row b0 + r
     double mine_N = 0.0;
     bool mine_ok = false;
@@ -150,9 +188,13 @@ __global__ void __launch_bounds__(kCsrRowsPerBlock * 32, csr_forward_min_blocks<
           for (int u = 0; u < U; ++u) {
             const T n = static_cast<T>(xj[u]);
             const bool table = cj[u] >= 0 && cj[u] < V && n > T(0) && is_exact_count(n);
-            const T* e = tab + (table ? csr_table_index(cj[u], static_cast<int>(n), K) + k0 : 0);
+            if (table) {
+              load_table_entries<T, KW>(
+                  tab + csr_table_index(cj[u], static_cast<int>(n), Kt) + k0, vec, kn, tv[u]);
+            } else {
 #pragma unroll
-            for (int kk = 0; kk < KW; ++kk) tv[u][kk] = table && kk < kn ? __ldg(e + kk) : T(0);
+              for (int kk = 0; kk < KW; ++kk) tv[u][kk] = T(0);
+            }
           }
         }
 #pragma unroll
@@ -168,9 +210,8 @@ __global__ void __launch_bounds__(kCsrRowsPerBlock * 32, csr_forward_min_blocks<
           if (is_exact_count(n)) {
             const double lf = static_cast<double>(log_fact[static_cast<int>(n)]);
             if constexpr (!csr_hoists_gathers<KW>()) {
-              const T* e = tab + csr_table_index(c, static_cast<int>(n), K) + k0;
-#pragma unroll
-              for (int kk = 0; kk < KW; ++kk) tv[u][kk] = kk < kn ? __ldg(e + kk) : T(0);
+              load_table_entries<T, KW>(tab + csr_table_index(c, static_cast<int>(n), Kt) + k0,
+                                        vec, kn, tv[u]);
             }
 #pragma unroll
             for (int kk = 0; kk < KW; ++kk) {
