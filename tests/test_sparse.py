@@ -417,6 +417,54 @@ def test_structure_errors_name_the_argument(device, edit, match):
         dirmult_ext.log_lik(bad, torch.zeros(4, device=device), validate=True)
 
 
+def test_structure_checks_in_blocks_find_every_error(monkeypatch):
+    # The CPU checks go ROW_BLOCK_NNZ values at a time: an error on either
+    # side of a block boundary, or straddling it, is found and reported as
+    # the whole-matrix check reports it; a row starting at a boundary is not
+    # mistaken for a step back.
+    from dirmult_ext import sparse
+    g = torch.Generator().manual_seed(int(torch.randint(0, 2 ** 31, (1,))))
+    x = (torch.rand(12, 10, generator=g) < 0.5).double() * 3
+    x[[4, 5]] = 0.0
+    x[0, :2] = 1.0
+    csr = x.to_sparse_csr()
+    crow, col = csr.crow_indices(), csr.col_indices()
+    nnz = col.numel()
+    starts = crow[:-1][crow[1:] > crow[:-1]]
+
+    def message(c):
+        try:
+            sparse._check_structure(crow, c, (12, 10))
+        except ValueError as e:
+            return str(e)
+        return None
+
+    whole = {}
+    edits = []
+    for j in range(1, nnz):
+        if j in starts:
+            continue
+        down, same, out = col.clone(), col.clone(), col.clone()
+        down[j] = -1 if col[j - 1] == 0 else col[j - 1] - 1
+        same[j] = col[j - 1]
+        out[j] = 10
+        edits += [down, same, out]
+    edits.append(col)
+    for c in edits:
+        whole[id(c)] = message(c)
+    assert whole[id(col)] is None
+    assert sum(m is not None for m in whole.values()) == len(edits) - 1
+    for block in (1, 2, 7, 16):
+        monkeypatch.setattr(sparse, "ROW_BLOCK_NNZ", block)
+        for c in edits:
+            assert message(c) == whole[id(c)], block
+    two = col.clone()  # a duplicate early, a column out of range late
+    two[1], two[nnz - 1] = two[0], 99
+    monkeypatch.setattr(sparse, "ROW_BLOCK_NNZ", 3)
+    assert message(two) == (f"col_indices must be in [0, V) = [0, 10), got 99 at "
+                            f"position {nnz - 1}")
+
+
 def test_metadata_errors(device):
     crow, col, val = _parts(device)
     la = torch.zeros(4, device=device)
