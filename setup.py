@@ -90,11 +90,11 @@ class CMakeBuild(build_ext):
             f"-DDIRMULT_WITH_CUDA={'OFF' if os.environ.get('DIRMULT_WITH_CUDA', '1') == '0' else 'ON'}",
             # RUNPATH: torch's lib folder next to ours in site-packages, not the
             # build machine's absolute torch path (which would leak into the
-            # wheel). torch is imported first anyway, so its libraries are
+            # wheel; the libraries sit in dirmult_ext/ops/). torch is imported first anyway, so its libraries are
             # already loaded and matched by SONAME; this covers loading the
             # libraries on their own (torch.ops.load_library).
             "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON",
-            "-DCMAKE_INSTALL_RPATH=$ORIGIN/../torch/lib",
+            "-DCMAKE_INSTALL_RPATH=$ORIGIN/../../torch/lib",
         ]
         if NVCC and not os.environ.get("CUDACXX"):
             # The compiler the local version tag was read from (CMake reads
@@ -118,7 +118,7 @@ class CMakeBuild(build_ext):
         # In-place builds: setuptools copies _C; the CUDA library rides along.
         super().copy_extensions_to_source()
         built = Path(getattr(self, "_cmake_output_dir", "")) / "_C_cuda.so"
-        dest = ROOT / "python" / "dirmult_ext" / built.name
+        dest = ROOT / "python" / "dirmult_ext" / "ops" / built.name
         if built.is_file():
             self.copy_file(str(built), str(dest), level=self.verbose)
         elif dest.exists():  # a CPU-only rebuild must not keep a stale CUDA library
@@ -127,6 +127,6 @@ class CMakeBuild(build_ext):
 
 setup(
     version=f"{VERSION}+{LOCAL_VERSION}" if LOCAL_VERSION else VERSION,
-    ext_modules=[CMakeExtension("dirmult_ext._C")],
+    ext_modules=[CMakeExtension("dirmult_ext.ops._C")],
     cmdclass={"build_ext": CMakeBuild},
 )

@@ -192,7 +192,7 @@ def separated_mixture(B=900, V=12, K=3, seed=None):
     for k in range(K):
         alpha[k, 4 * k:4 * k + 4] = 4.0
     z = torch.randint(0, K, (B,))
-    from dirmult_ext.distribution import DirichletMultinomial
+    from dirmult_ext.likelihood.distribution import DirichletMultinomial
     x = DirichletMultinomial(torch.randint(40, 100, (B,)), alpha[z]).sample().float()
     return x, z, alpha
 

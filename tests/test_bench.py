@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import dirmult_ext
-from dirmult_ext import bench
-from dirmult_ext.bench import cases, cli, peers, plot, report, sparse_cases
-from dirmult_ext.bench.timing import Timer
+from dirmult_ext.cli import bench
+from dirmult_ext.cli.bench import cases, cli, peers, plot, report, sparse_cases
+from dirmult_ext.cli.bench.timing import Timer
 
 SHAPES = ["seed", "mid", "tall", "wide", "sparse"]
 TIME_KEYS = ["ext_fwd", "ext_fwdbwd", "eager_fwd", "eager_fwdbwd"]

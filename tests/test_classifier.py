@@ -7,9 +7,9 @@ import pytest
 import torch
 
 import dirmult_ext
-from dirmult_ext.distribution import DirichletMultinomial
-from dirmult_ext.fit import fit
-from dirmult_ext.mixture import DMClassifier
+from dirmult_ext.likelihood.distribution import DirichletMultinomial
+from dirmult_ext import fit
+from dirmult_ext.models.classifier import DMClassifier
 
 from reference import log_lik_float64, separated_mixture
 

@@ -14,8 +14,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import dirmult_ext
-from dirmult_ext.distribution import DirichletMultinomial
-from dirmult_ext.fit import fit
+from dirmult_ext.likelihood.distribution import DirichletMultinomial
+from dirmult_ext import fit
 
 PKG_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(dirmult_ext.__file__)))
 SPLIT = 137            # rank 0 holds rows [0, 137), rank 1 the rest: uneven shards
@@ -26,7 +26,7 @@ def _worker(rank, world, init_file, data_file, out_dir):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
                             world_size=world)
-    from dirmult_ext.distributed import fit_distributed
+    from dirmult_ext.models.distributed import fit_distributed
     try:
         d = torch.load(data_file)
         x, w = d["x"], d["w"]
@@ -85,7 +85,7 @@ def test_two_gloo_ranks_equal_single_process(tmp_path):
 
 
 def test_torchrun_launcher(tmp_path):
-    """``torchrun --nproc_per_node=2 -m dirmult_ext.distributed FILE`` equals fit(FILE)."""
+    """``torchrun --nproc_per_node=2 -m dirmult_ext.cli.distributed FILE`` equals fit(FILE)."""
     x, _ = _data(B=300, V=7)
     f = str(tmp_path / "counts.npy")
     np.save(f, x.numpy())
@@ -97,7 +97,7 @@ def test_torchrun_launcher(tmp_path):
                PYTHONPATH=PKG_PARENT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
            "--master_addr=127.0.0.1", f"--master_port={port}",
-           "-m", "dirmult_ext.distributed", f, "--device", "cpu", "--out", out]
+           "-m", "dirmult_ext.cli.distributed", f, "--device", "cpu", "--out", out]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "world size 2 (gloo)" in p.stdout
@@ -108,7 +108,7 @@ def test_torchrun_launcher(tmp_path):
 
 
 def test_requires_process_group():
-    from dirmult_ext.distributed import fit_distributed, shard_rows
+    from dirmult_ext.models.distributed import fit_distributed, shard_rows
     assert not dist.is_initialized()          # the spawned ranks had their own groups
     with pytest.raises(RuntimeError, match="process group"):
         fit_distributed(torch.ones(3, 2))

@@ -14,8 +14,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import dirmult_ext
-from dirmult_ext.fit import fit
-from dirmult_ext.mixture import fit_mixture, random_responsibilities
+from dirmult_ext import fit
+from dirmult_ext.models.mixture import fit_mixture
+from dirmult_ext.models.starts import random_responsibilities
 from reference import separated_mixture
 
 PKG_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(dirmult_ext.__file__)))
@@ -37,8 +38,8 @@ def _worker(rank, world, init_file, data_file, out_dir):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
                             world_size=world)
-    from dirmult_ext.distributed import fit_distributed
-    from dirmult_ext.distributed_mixture import fit_mixture_distributed as fmd
+    from dirmult_ext.models.distributed import fit_distributed
+    from dirmult_ext.models.distributed_mixture import fit_mixture_distributed as fmd
     try:
         x = torch.load(data_file)["x"]
         sl = slice(0, SPLIT) if rank == 0 else slice(SPLIT, None)
@@ -179,7 +180,7 @@ def test_random_starts_depend_on_the_row_only():
 
 
 def test_requires_process_group():
-    from dirmult_ext.distributed_mixture import fit_mixture_distributed
+    from dirmult_ext.models.distributed_mixture import fit_mixture_distributed
     with pytest.raises(RuntimeError, match="process group"):
         fit_mixture_distributed(torch.ones(3, 2), 2)
 

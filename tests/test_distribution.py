@@ -7,8 +7,8 @@ import scipy.stats
 import torch
 
 import dirmult_ext
-from dirmult_ext import distribution as dmod
-from dirmult_ext.distribution import DirichletMultinomial, MultinomialCounts
+from dirmult_ext.likelihood import distribution as dmod
+from dirmult_ext.likelihood.distribution import DirichletMultinomial, MultinomialCounts
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() and dirmult_ext.CUDA_KERNELS else [])
 
@@ -416,7 +416,7 @@ def test_pyro_is_optional():
         "import dirmult_ext\n"
         "assert 'pyro' not in sys.modules, 'import dirmult_ext imported pyro'\n"
         "sys.modules['pyro'] = None\n"
-        "for get in (lambda: dirmult_ext.pyro, lambda: __import__('dirmult_ext.pyro')):\n"
+        "for get in (lambda: dirmult_ext.pyro, lambda: __import__('dirmult_ext.integrations.pyro')):\n"
         "    try:\n"
         "        get()\n"
         "    except ImportError as e:\n"

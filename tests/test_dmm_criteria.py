@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from dirmult_ext.criteria import DMN_PRIOR, ModelSelection, resolve_prior
-from dirmult_ext.mixture import fit_mixture
+from dirmult_ext.models.criteria import DMN_PRIOR, ModelSelection, resolve_prior
+from dirmult_ext.models.mixture import fit_mixture
 
 from reference import separated_mixture
 

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from dirmult_ext import fit_cli
-from dirmult_ext.io import load_count_table, load_counts
+from dirmult_ext.cli import fit as fit_cli
+from dirmult_ext.data.io import load_count_table, load_counts
 
 from reference import separated_mixture
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import dirmult_ext
-from dirmult_ext import _checks, _ops
+from dirmult_ext.ops import checks as _checks, library as _ops
 
 from conftest import DEVICES
 
@@ -205,7 +205,7 @@ def test_direct_op_errors_name_the_problem(device, op_error):
 _CHILD = r"""
 import json, sys
 import torch, dirmult_ext
-from dirmult_ext import _ops
+from dirmult_ext.ops import library as _ops
 assert _ops.OP_CHECKS == "python", _ops.OP_CHECKS
 op, args_code, device = sys.argv[1:4]
 args = eval(f"({args_code},)", {"torch": torch, "d": torch.device(device)})
@@ -247,7 +247,7 @@ def test_python_op_checks(device, op_error):
 
 _CHILD_TRACED = r"""
 import io, sys, torch, dirmult_ext
-from dirmult_ext import _ops
+from dirmult_ext.ops import library as _ops
 assert _ops.OP_CHECKS == "python"
 d = torch.device(sys.argv[1])
 counts, bad = torch.ones(3, 6, device=d), torch.zeros(5, device=d)

@@ -10,8 +10,8 @@ import torch
 
 import dirmult_ext
 from dirmult_ext import reference_log_lik
-from dirmult_ext.distribution import DirichletMultinomial
-from dirmult_ext.fit import DMFit, fit
+from dirmult_ext.likelihood.distribution import DirichletMultinomial
+from dirmult_ext import DMFit, fit
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() and dirmult_ext.CUDA_KERNELS else [])
 

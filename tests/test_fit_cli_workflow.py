@@ -11,11 +11,12 @@ import scipy.stats
 import torch
 
 import dirmult_ext
-from dirmult_ext import fit_cli, threads
-from dirmult_ext.criteria import multinomial_log_lik
-from dirmult_ext.distribution import DirichletMultinomial
-from dirmult_ext.io import load_count_table, load_counts
-from dirmult_ext.mixture import fit_mixture
+from dirmult_ext.cli import fit as fit_cli
+from dirmult_ext.data import threads
+from dirmult_ext.models.criteria import multinomial_log_lik
+from dirmult_ext.likelihood.distribution import DirichletMultinomial
+from dirmult_ext.data.io import load_count_table, load_counts
+from dirmult_ext.models.mixture import fit_mixture
 
 
 def rng():

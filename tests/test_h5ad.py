@@ -6,7 +6,7 @@ import torch
 
 import dirmult_ext
 from dirmult_ext import io
-from dirmult_ext.h5ad import read_names
+from dirmult_ext.data.h5ad import read_names
 
 h5py = pytest.importorskip("h5py")
 scipy_sparse = pytest.importorskip("scipy.sparse")

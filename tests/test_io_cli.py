@@ -9,11 +9,13 @@ import scipy.io
 import scipy.sparse
 import torch
 
-from dirmult_ext import cli, fit_cli
-from dirmult_ext.datasets import load_digits
-from dirmult_ext.distribution import DirichletMultinomial
-from dirmult_ext.fit import fit
-from dirmult_ext.io import load_counts, load_labels
+from dirmult_ext import cli
+from dirmult_ext.cli import fit as fit_cli
+from dirmult_ext.models import baselines
+from dirmult_ext.data.datasets import load_digits
+from dirmult_ext.likelihood.distribution import DirichletMultinomial
+from dirmult_ext import fit
+from dirmult_ext.data.io import load_counts, load_labels
 
 
 def random_counts(B=30, V=6):
@@ -135,7 +137,7 @@ def test_multinomial_naive_bayes():
     y = torch.randint(0, 2, (400,), generator=g)
     x = torch.stack([torch.multinomial(p[c], 30, replacement=True, generator=g).bincount(
         minlength=3) for c in y]).float()
-    pred = fit_cli.multinomial_naive_bayes(x[:300], y[:300], x[300:], 2)
+    pred = baselines.multinomial_naive_bayes(x[:300], y[:300], x[300:], 2)
     assert float((pred == y[300:]).double().mean()) > 0.99
     # the estimated class distributions are the Laplace-smoothed frequencies
     Y = torch.nn.functional.one_hot(y[:300], 2).double()

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import dirmult_ext
-from dirmult_ext import _checks, _ops
+from dirmult_ext.ops import checks as _checks, library as _ops
 
 from reference import COUNT_DTYPES, log_lik_float64, magnitudes, mixed_counts, mp_lnpoch, random_counts
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import dirmult_ext
-from dirmult_ext import _ops
+from dirmult_ext.ops import dense as _dense, dispatch as _dispatch, library as _ops
 
 from reference import grad_float64, log_lik_float64, magnitudes as _magnitudes, random_counts
 
@@ -155,7 +155,7 @@ def test_single_pass_is_taken_where_it_applies(device):
     assert torch.equal(g, saved)
     # Too few rows for the single-pass kernels (CPU: 64; CUDA serves one):
     # the plain forward.
-    min_rows = _ops._SINGLE_PASS_MIN_ROWS_CUDA if counts.is_cuda else _ops._SINGLE_PASS_MIN_ROWS_CPU
+    min_rows = _dense.SINGLE_PASS_MIN_ROWS_CUDA if counts.is_cuda else _dense.SINGLE_PASS_MIN_ROWS_CPU
     few = dirmult_ext.log_lik(counts[:min_rows - 1], la)
     assert few.grad_fn.grad_of_sum is None
     one = dirmult_ext.log_lik(counts[:1], la)
@@ -202,11 +202,11 @@ def test_reduction_none_empty_and_bad():
 
 
 def test_uniform_gradient_detection():
-    assert _ops._is_uniform(torch.ones(()).expand(7))
-    assert _ops._is_uniform(torch.ones(()).expand(3, 4))
-    assert _ops._is_uniform(torch.ones(1))
-    assert not _ops._is_uniform(torch.ones(7))
-    assert not _ops._is_uniform(torch.ones(3, 1).expand(3, 4))
+    assert _dispatch.is_uniform(torch.ones(()).expand(7))
+    assert _dispatch.is_uniform(torch.ones(()).expand(3, 4))
+    assert _dispatch.is_uniform(torch.ones(1))
+    assert not _dispatch.is_uniform(torch.ones(7))
+    assert not _dispatch.is_uniform(torch.ones(3, 1).expand(3, 4))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

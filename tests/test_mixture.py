@@ -7,9 +7,10 @@ import pytest
 import torch
 
 import dirmult_ext
-from dirmult_ext.distribution import DirichletMultinomial
-from dirmult_ext.fit import fit
-from dirmult_ext.mixture import DMMixture, adjusted_rand_index, best_permutation_accuracy, fit_mixture
+from dirmult_ext.likelihood.distribution import DirichletMultinomial
+from dirmult_ext import fit
+from dirmult_ext.models.mixture import DMMixture, fit_mixture
+from dirmult_ext.models.metrics import adjusted_rand_index, best_permutation_accuracy
 
 from reference import separated_mixture
 

@@ -86,7 +86,7 @@ def _csr_parts(counts):
 
 
 def _csr_backward_args(grad, counts, log_alpha):
-    from dirmult_ext.sparse import csc_parts
+    from dirmult_ext.ops.csr import csc_parts
     crow, col, values = _csr_parts(counts)
     return (grad, crow, values, *csc_parts(crow, col, values, counts.shape[1]), log_alpha)
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import dirmult_ext
-from dirmult_ext import _ops
+from dirmult_ext.ops import library as _ops
 
 
 def test_build_info_fields():

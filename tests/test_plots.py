@@ -6,10 +6,10 @@ import pytest
 pytest.importorskip("matplotlib")
 import matplotlib.image  # noqa: E402
 
-from dirmult_ext import fit_cli  # noqa: E402
-from dirmult_ext.fit import fit  # noqa: E402
-from dirmult_ext.mixture import fit_mixture  # noqa: E402
-from dirmult_ext.plots import plot_component_heatmap, plot_criteria  # noqa: E402
+from dirmult_ext.cli import fit as fit_cli  # noqa: E402
+from dirmult_ext import fit  # noqa: E402
+from dirmult_ext.models.mixture import fit_mixture  # noqa: E402
+from dirmult_ext.integrations.plots import plot_component_heatmap, plot_criteria  # noqa: E402
 
 from reference import separated_mixture  # noqa: E402
 

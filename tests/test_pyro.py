@@ -11,7 +11,7 @@ import pyro.distributions as pdist  # noqa: E402
 from pyro.infer import SVI, Predictive, Trace_ELBO  # noqa: E402
 from pyro.infer.autoguide import AutoDelta  # noqa: E402
 
-from dirmult_ext.pyro import DirichletMultinomial  # noqa: E402
+from dirmult_ext.integrations.pyro import DirichletMultinomial  # noqa: E402
 
 
 def rand_alpha(*shape):

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from dirmult_ext import cli, fit_regression
-from dirmult_ext.io import load_covariates
+from dirmult_ext.data.io import load_covariates
 
 from reference import regression_counts as simulate
 

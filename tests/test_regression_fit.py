@@ -14,7 +14,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import dirmult_ext
-import dirmult_ext.regression as reg
+import dirmult_ext.models.regression.fit as reg
 from dirmult_ext import DirichletMultinomialRegression, fit_regression
 
 from reference import regression_counts as simulate

@@ -10,14 +10,16 @@ import pytest
 import torch
 
 import dirmult_ext
-from dirmult_ext import SparseCounts, fit_cli, row_stream
-from dirmult_ext.fit import fit
-from dirmult_ext.mixture import fit_mixture
-from dirmult_ext.row_stream import auto_batch_size, batch_bounds, matrix_bytes, stream_rows
+from dirmult_ext import SparseCounts
+from dirmult_ext.cli import fit as fit_cli
+from dirmult_ext.data import row_stream
+from dirmult_ext import fit
+from dirmult_ext.models.mixture import fit_mixture
+from dirmult_ext.data.row_stream import auto_batch_size, batch_bounds, matrix_bytes, stream_rows
 
 from reference import separated_mixture
 
-fit_module = sys.modules["dirmult_ext.fit"]       # (the package's ``fit`` is the function)
+from dirmult_ext.models import engine as fit_module
 
 CUDA = torch.cuda.is_available() and dirmult_ext.CUDA_KERNELS
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs CUDA and the package's CUDA kernels")
@@ -203,14 +205,14 @@ def test_cli_streams_a_sparse_file_without_densifying(tmp_path, monkeypatch, cap
     def no_dense(self):
         raise AssertionError("the sparse counts were densified")
 
-    real = dirmult_ext.mixture.fit_mixture
+    real = dirmult_ext.models.mixture.fit_mixture
 
     def recording(counts, *a, **k):
         seen.append((type(counts), counts.device, k["batch_size"]))
         return real(counts, *a, **k)
 
     monkeypatch.setattr(SparseCounts, "to_dense", no_dense)
-    monkeypatch.setattr(dirmult_ext.mixture, "fit_mixture", recording)
+    monkeypatch.setattr(dirmult_ext.models.mixture, "fit_mixture", recording)
     rc = fit_cli.main([str(path), "--k", "3", "--batch-size", "50", "--n-init", "1",
                        "--n-screen", "0", "--progress", "--device", "cpu"])
     out = capsys.readouterr()

@@ -182,7 +182,7 @@ def test_gradgradcheck_components(device):
 def test_components_double_backward_in_chunks(device, monkeypatch):
     """The components' double backward over several chunks of components
     gives what it gives in one."""
-    from dirmult_ext import _double_backward
+    from dirmult_ext.ops import second_derivatives as _double_backward
     counts = _counts((7, 5), device)
     la = _log_alpha((4, 5), device)
     v = torch.randn(4, 5, dtype=torch.float64, device=device)

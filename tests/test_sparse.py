@@ -8,7 +8,7 @@ import torch
 
 import dirmult_ext
 from dirmult_ext import SparseCounts
-from dirmult_ext.sparse import csc_parts
+from dirmult_ext.ops.csr import csc_parts
 
 from reference import (component_magnitudes, components_float64, log_lik_float64, magnitudes,
                        random_sparse_counts)
@@ -308,7 +308,7 @@ def test_single_pass_matches_forward_and_backward_ops(device, compute, normalize
 
 
 def test_single_pass_serves_sums_without_the_column_sorted_copy(monkeypatch):
-    import dirmult_ext.sparse as sparse_module
+    import dirmult_ext.data.sparse_counts as sparse_module
     dense, la = _single_pass_case()
     calls = []
     build = sparse_module.csc_parts
@@ -422,7 +422,7 @@ def test_structure_checks_in_blocks_find_every_error(monkeypatch):
     # side of a block boundary, or straddling it, is found and reported as
     # the whole-matrix check reports it; a row starting at a boundary is not
     # mistaken for a step back.
-    from dirmult_ext import sparse
+    from dirmult_ext.data import sparse_counts as sparse
     g = torch.Generator().manual_seed(int(torch.randint(0, 2 ** 31, (1,))))
     x = (torch.rand(12, 10, generator=g) < 0.5).double() * 3
     x[[4, 5]] = 0.0
@@ -569,7 +569,7 @@ def test_torchscript_of_csr_parts(device):
 def _sparse_mixture_data(B, V, K, seed):
     """Rows from K components, each with alpha 2 on its own block of V // K
     categories and 0.03 elsewhere (most counts zero); totals 20..39."""
-    from dirmult_ext.distribution import DirichletMultinomial
+    from dirmult_ext.likelihood.distribution import DirichletMultinomial
     torch.manual_seed(seed)
     alpha = torch.full((K, V), 0.03, dtype=torch.float64)
     for k in range(K):
@@ -598,7 +598,7 @@ def test_fit_on_sparse_equals_dense(device):
 
 
 def test_mixture_and_classifier_on_sparse(device):
-    from dirmult_ext.mixture import adjusted_rand_index
+    from dirmult_ext.models.metrics import adjusted_rand_index
     K = 3
     x, z, _ = _sparse_mixture_data(900, 45, K, seed=5)
     sparse = x.to_sparse_csr()
@@ -615,7 +615,7 @@ def test_mixture_and_classifier_on_sparse(device):
 
 
 def test_distribution_log_prob_of_sparse_counts(device):
-    from dirmult_ext.distribution import DirichletMultinomial
+    from dirmult_ext.likelihood.distribution import DirichletMultinomial
     d = DirichletMultinomial(torch.tensor(15.0), torch.rand(20, dtype=torch.float64) + 0.1,
                              validate_args=True)
     x = d.sample((60,))
@@ -634,7 +634,7 @@ def test_distribution_log_prob_of_sparse_counts(device):
 
 def test_load_counts_sparse(tmp_path):
     import scipy.io
-    from dirmult_ext.io import load_counts
+    from dirmult_ext.data.io import load_counts
     x = random_sparse_counts(30, 12, 0.2).round().numpy()
     scipy.io.mmwrite(str(tmp_path / "x.mtx"), scipy_sparse.coo_matrix(x))
     scipy_sparse.save_npz(tmp_path / "x.npz", scipy_sparse.csr_matrix(x))
@@ -691,7 +691,7 @@ def _sparse_shard_worker(rank, world, init_file, data_file, out_dir):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
                             world_size=world)
-    from dirmult_ext.distributed import fit_distributed
+    from dirmult_ext.models.distributed import fit_distributed
     try:
         x = torch.load(data_file)["x"]
         sc = SparseCounts.from_dense(x)
@@ -741,7 +741,7 @@ def test_torchrun_launcher_on_mtx(tmp_path):
                PYTHONPATH=parent + os.pathsep + os.environ.get("PYTHONPATH", ""))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
            "--master_addr=127.0.0.1", f"--master_port={port}",
-           "-m", "dirmult_ext.distributed", f, "--device", "cpu", "--out", out]
+           "-m", "dirmult_ext.cli.distributed", f, "--device", "cpu", "--out", out]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
     assert p.returncode == 0, p.stdout + p.stderr
     got = np.load(out)
@@ -790,7 +790,7 @@ def test_cli_fit_on_mtx_with_labels(tmp_path):
 def test_torch_sparse_conversion_kept_while_unchanged(device):
     dense = random_sparse_counts(20, 9, 0.3).to(device)
     csr = dense.to_sparse_csr()
-    from dirmult_ext.sparse import as_sparse_counts
+    from dirmult_ext.data.sparse_counts import as_sparse_counts
     sc = as_sparse_counts(csr)
     assert as_sparse_counts(csr) is sc
     la = torch.randn(9, device=device)
@@ -926,7 +926,7 @@ def test_cuda_rows_32_to_a_warp_match_a_warp_a_row():
 
 
 def test_column_sorted_copy_built_once_per_matrix(device, monkeypatch):
-    import dirmult_ext.sparse as sparse_module
+    import dirmult_ext.data.sparse_counts as sparse_module
     calls = []
     build = sparse_module.csc_parts
     monkeypatch.setattr(sparse_module, "csc_parts", lambda *a: calls.append(1) or build(*a))
@@ -957,8 +957,8 @@ def test_module_takes_sparse_counts(device):
 
 
 def test_row_blocks_and_blocked_host_sums(monkeypatch):
-    from dirmult_ext import sparse
-    from dirmult_ext.criteria import multinomial_log_lik
+    from dirmult_ext.data import sparse_counts as sparse
+    from dirmult_ext.models.criteria import multinomial_log_lik
     g = torch.Generator().manual_seed(int(torch.randint(0, 2 ** 31, (1,))))
     x = torch.poisson(torch.rand(157, 23, generator=g) * 4, generator=g)
     x = x * (torch.rand(157, 23, generator=g) < 0.3)

@@ -1,18 +1,39 @@
 """dirmult_ext: the Dirichlet-multinomial log-likelihood as fused C++/CUDA
 PyTorch custom ops (``torch.ops.dirmult.*``), with autograd, fake kernels for
-torch.compile/export, and TorchScript support.
+torch.compile/export, and TorchScript support; and the statistics built on
+them.
+
+The package is layered; each folder imports only the ones above it in this
+list (``docs/ARCHITECTURE.md``; checked by ``lint-imports``):
+
+- ``ops``: the native libraries and each op's fake kernel, autograd and call;
+- ``data``: sparse counts, files, row streaming;
+- ``likelihood``: the public functions, module and distribution over the ops;
+- ``models``: fitting (one DM, mixtures, classifier, regression, distributed);
+- ``integrations``: Pyro, scikit-learn, AnnData, plots (each imports its
+  library on use);
+- ``cli``: the ``dirmult-ext`` command.
 """
+import sys
+
 from ._version import __version__
-from ._ops import BUILD_INFO, COMPONENTS_WAY, CUDA_KERNELS, OP_CHECKS
-from .api import (DirichletMultinomialLogLik, log_lik, log_lik_components,
-                  reference_log_lik)
-from .regression_api import log_lik_regression
-from .distribution import DirichletMultinomial
-from .fit import DMFit, fit
-from .mixture import DMClassifier, DMMixture, fit_mixture
-from .regression import DirichletMultinomialRegression, DMRegressionFit, fit_regression
-from .sparse import SparseCounts
-from . import datasets, io
+from .ops.library import BUILD_INFO, COMPONENTS_WAY, CUDA_KERNELS, OP_CHECKS
+from .likelihood.log_lik import (DirichletMultinomialLogLik, log_lik, log_lik_components,
+                                 reference_log_lik)
+from .likelihood.regression import log_lik_regression
+from .likelihood.distribution import DirichletMultinomial
+from .data.sparse_counts import SparseCounts
+from .data import datasets, io
+from .models.fit import DMFit, fit
+from .models.mixture import DMMixture, fit_mixture
+from .models.classifier import DMClassifier
+from .models.regression.fit import DMRegressionFit, fit_regression
+from .models.regression.module import DirichletMultinomialRegression
+
+# The two public modules keep their import paths (``from dirmult_ext.io import
+# load_counts``) now that they live in the data layer.
+sys.modules.setdefault(f"{__name__}.io", io)
+sys.modules.setdefault(f"{__name__}.datasets", datasets)
 
 
 def build_info() -> dict:
@@ -34,7 +55,7 @@ def __getattr__(name):
     # the package itself.
     if name == "pyro":
         import importlib
-        return importlib.import_module(f"{__name__}.pyro")
+        return importlib.import_module(f"{__name__}.integrations.pyro")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

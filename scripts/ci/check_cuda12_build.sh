@@ -191,7 +191,7 @@ echo "wheel: $(basename "${WHL[0]}")"
 say "5. checking _C_cuda.so"
 mkdir -p "$WORK/unpacked"
 "$PY" -m zipfile -e "${WHL[0]}" "$WORK/unpacked"
-LIB="$WORK/unpacked/dirmult_ext/_C_cuda.so"
+LIB="$WORK/unpacked/dirmult_ext/ops/_C_cuda.so"
 [[ -f "$LIB" ]] || { echo "no _C_cuda.so in the wheel: the CUDA kernels were not built" >&2; exit 1; }
 echo "--- cuobjdump --list-elf"
 "$CUDA/bin/cuobjdump" --list-elf "$LIB"

@@ -42,46 +42,46 @@ class Mutant:
 
 
 MUTANTS = [
-    Mutant("backward_sign", "_ops.py",
+    Mutant("backward_sign", "ops/dense.py",
            "grad_la if ctx.needs_input_grad[1] else None",
            "-grad_la if ctx.needs_input_grad[1] else None",
            ("tests/test_log_lik.py::test_gradient_matches_float64_formula",
             "tests/test_op_compat.py::test_module_reduction_eager_and_scripted")),
-    Mutant("backward_scale", "_ops.py",
+    Mutant("backward_scale", "ops/dense.py",
            "grad_la if ctx.needs_input_grad[1] else None",
            "0.01 * grad_la if ctx.needs_input_grad[1] else None",
            ("tests/test_log_lik.py::test_training_follows_the_float64_formula",
             "tests/test_log_lik.py::test_gradient_matches_float64_formula")),
-    Mutant("single_pass_sign", "_ops.py",
+    Mutant("single_pass_sign", "ops/dense.py",
            "return None, ctx.grad_of_sum * grad.reshape(-1)[0], None",
            "return None, -ctx.grad_of_sum * grad.reshape(-1)[0], None",
            ("tests/test_log_lik_with_grad.py::test_reduction_takes_the_single_pass",)),
-    Mutant("single_pass_unscaled", "_ops.py",
+    Mutant("single_pass_unscaled", "ops/dense.py",
            "return None, ctx.grad_of_sum * grad.reshape(-1)[0], None",
            "return None, ctx.grad_of_sum, None",
            ("tests/test_log_lik_with_grad.py::test_reduction_takes_the_single_pass",)),
-    Mutant("components_backward_scale", "_ops.py",
+    Mutant("components_backward_scale", "ops/components.py",
            "return None, grad_la, None",
            "return None, 1.001 * grad_la, None",
            ("tests/test_log_lik_components.py::test_gradient_matches_float64",)),
-    Mutant("reduction_mean", "api.py",
+    Mutant("reduction_mean", "likelihood/log_lik.py",
            "return out.sum() / out.numel()",
            "return out.sum() / (out.numel() + 1)",
            ("tests/test_log_lik_with_grad.py::test_reduction_takes_the_single_pass",
             "tests/test_op_compat.py::test_module_reduction_eager_and_scripted")),
-    Mutant("classifier_no_prior", "mixture.py",
+    Mutant("classifier_no_prior", "models/classifier.py",
            "return ll + self.log_prior_.to(ll.device)",
            "return ll",
            ("tests/test_classifier.py",)),
-    Mutant("mixture_local_e_step", "mixture.py",
+    Mutant("mixture_local_e_step", "models/mixture.py",
            "tq = reduce(torch.cat([est.total.reshape(1), est.q_old]))",
            "tq = torch.cat([est.total.reshape(1), est.q_old])",
            ("tests/test_distributed_mixture.py::test_two_ranks_equal_fit_mixture",)),
-    Mutant("fit_alpha_scaled", "fit.py",
+    Mutant("fit_alpha_scaled", "models/fit.py",
            "la = eta[0].detach().cpu()",
            "la = eta[0].detach().cpu() + math.log(1.1)",
            ("tests/test_fit.py::test_recovery_of_known_alpha",)),
-    Mutant("sampler_last_category", "distribution.py",
+    Mutant("sampler_last_category", "likelihood/distribution.py",
            "torch.multinomial(probs, nmax, replacement=True)",
            "torch.full((probs.shape[0], nmax), probs.shape[1] - 1, dtype=torch.int64, "
            "device=probs.device)",
@@ -141,9 +141,9 @@ def copy_package(dest: Path) -> Path:
                     ignore=shutil.ignore_patterns("__pycache__"))
     # A checkout without an in-place build (CI installs the wheel): the
     # installed package's native libraries.
-    if not list((dest / "dirmult_ext").glob("_C*.so")):
+    if not list((dest / "dirmult_ext" / "ops").glob("_C*.so")):
         for lib in installed_natives():
-            os.symlink(lib, dest / "dirmult_ext" / lib.name)
+            os.symlink(lib, dest / "dirmult_ext" / "ops" / lib.name)
     return dest
 
 
@@ -153,7 +153,7 @@ def installed_natives() -> list:
         [sys.executable, "-c", "import importlib.util as u; "
          "print(u.find_spec('dirmult_ext').submodule_search_locations[0])"],
         env=env, cwd=tempfile.gettempdir(), capture_output=True, text=True).stdout.strip()
-    libs = sorted(Path(where).glob("_C*.so")) if where else []
+    libs = sorted((Path(where) / "ops").glob("_C*.so")) if where else []
     if not libs:
         sys.exit("mutation_check: no built dirmult_ext found (build in place or install the wheel)")
     return libs

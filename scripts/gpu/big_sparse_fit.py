@@ -8,7 +8,7 @@ the matrix's CSR bytes (the requirement: at most about 2x), and the peak
 GPU memory (``torch.cuda.max_memory_allocated`` inside the process). The
 JSON goes to ``--json``, else ``$OUT/bigfit.json`` when ``OUT`` is set.
 
-The fit's process runs the CLI's own ``main`` (``dirmult_ext.fit_cli``)
+The fit's process runs the CLI's own ``main`` (``dirmult_ext.cli.fit``)
 under a small driver, which reads the memory figures and the mixture's
 time per EM iteration (``DMMixture.iter_s``) from inside: the options are
 the CLI's, ``--k K --n-init 1 --n-screen 0 --max-iter M --progress``, one
@@ -51,9 +51,10 @@ def child(result_path: str, cli_args) -> int:
     """The fit's process: the CLI's main with the measurements around it."""
     import torch
     import dirmult_ext
-    from dirmult_ext import fit_cli, mixture
+    from dirmult_ext.cli import fit as fit_cli
+from dirmult_ext.models import mixture
     from dirmult_ext import io
-    from dirmult_ext.row_stream import matrix_bytes
+    from dirmult_ext.data.row_stream import matrix_bytes
     cuda = "cuda" in " ".join(cli_args)
     if cuda:
         torch.zeros(1, device="cuda")                 # (the context, in the base RSS)

@@ -70,7 +70,7 @@ build_wheel_from_sdist() {
   install_wheel || return 1
   ls -l "$WORK/dist"
   (cd "$WORK" && PYTHONPATH=$SITE "$PY" -m dirmult_ext)  # build info of the installed wheel
-  command -v cuobjdump >/dev/null && cuobjdump -res-usage "$SITE/dirmult_ext/_C_cuda.so" \
+  command -v cuobjdump >/dev/null && cuobjdump -res-usage "$SITE/dirmult_ext/ops/_C_cuda.so" \
     | grep -A1 "table" | grep -B1 "REG" | head -60
   return 0
 }
@@ -84,7 +84,7 @@ export PYTHONPATH=$SITE DIRMULT_EXPECT_INSTALLED_IN=$SITE
 cd "$WORK" || exit 1
 if has sass && [ -n "${DIRMULT_SASS_BASELINE:-}" ]; then
   run_stage check "sass against $DIRMULT_SASS_BASELINE" "$PY" "$REPO/scripts/gpu/compare_sass.py" \
-    "$DIRMULT_SASS_BASELINE" "${DIRMULT_SASS_NEW:-$SITE/dirmult_ext/_C_cuda.so}"
+    "$DIRMULT_SASS_BASELINE" "${DIRMULT_SASS_NEW:-$SITE/dirmult_ext/ops/_C_cuda.so}"
 fi
 has check && run_stage check check "$PY" -m dirmult_ext check --rows 65536 --categories 1024
 # dm_log_normal (math.h) is the toolkit's logf without its special cases:
@@ -125,17 +125,17 @@ if has multigpu; then
 fi
 if has bench; then
   timings=" ${DIRMULT_BENCH_TIMINGS:-queued synced graph} "
-  [[ $timings == *" queued "* ]] && run_stage bench bench "$PY" -m dirmult_ext.bench \
+  [[ $timings == *" queued "* ]] && run_stage bench bench "$PY" -m dirmult_ext.cli.bench \
     --per-sample --components 16 --markdown --json "$OUT/bench.json"
   # The same shapes with a synchronize after every call (the latency of an
   # isolated call).
-  [[ $timings == *" synced "* ]] && run_stage bench "bench synced" "$PY" -m dirmult_ext.bench \
+  [[ $timings == *" synced "* ]] && run_stage bench "bench synced" "$PY" -m dirmult_ext.cli.bench \
     --timing synced --no-compile --markdown --quiet
   # And replayed from CUDA graphs: the GPU time per call, no host in the way.
-  [[ $timings == *" graph "* ]] && run_stage bench "bench graph" "$PY" -m dirmult_ext.bench \
+  [[ $timings == *" graph "* ]] && run_stage bench "bench graph" "$PY" -m dirmult_ext.cli.bench \
     --timing graph --no-compile --markdown --quiet
   # CSR counts: the package, the PyTorch written over the nonzeros, the dense op.
-  run_stage bench "bench CSR" "$PY" -m dirmult_ext.bench --sparse --markdown \
+  run_stage bench "bench CSR" "$PY" -m dirmult_ext.cli.bench --sparse --markdown \
     --json "$OUT/bench_sparse.json"
 fi
 if has profile && command -v ncu >/dev/null; then

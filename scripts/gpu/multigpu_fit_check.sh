@@ -3,7 +3,7 @@
 # 1,000,000 x 50,000 CSR matrix at 0.2% nonzeros (1e8 nonzeros, values
 # 1 + Poisson(3)) fitted by one DM, and a matrix of the same size drawn from
 # a 10-component DM mixture fitted by a 10-component mixture, each by
-# `python -m dirmult_ext.distributed FILE` as one process (world size 1) and
+# `python -m dirmult_ext.cli.distributed FILE` as one process (world size 1) and
 # under torchrun over two ranks (NCCL, each rank holding half of the rows).
 # Prints the log-likelihood relative difference, the largest parameter
 # difference, the time per iteration on 1 and 2 GPUs (a mixture's: its EM
@@ -61,9 +61,9 @@ status=0
 fit_both() {  # name, file, fit arguments...
   local name=$1 file=$2; shift 2
   echo "--- $name: 1 process"
-  "$PY" -m dirmult_ext.distributed "$file" "${dev_args[@]}" "$@" --out "$tmp/$name.one.npz"
+  "$PY" -m dirmult_ext.cli.distributed "$file" "${dev_args[@]}" "$@" --out "$tmp/$name.one.npz"
   echo "--- $name: 2 processes (torchrun)"
-  "$PY" -m torch.distributed.run --standalone --nproc_per_node=2 -m dirmult_ext.distributed \
+  "$PY" -m torch.distributed.run --standalone --nproc_per_node=2 -m dirmult_ext.cli.distributed \
     "$file" "${dev_args[@]}" "$@" --out "$tmp/$name.two.npz"
   "$PY" - "$name" "$tmp/$name.one.npz" "$tmp/$name.two.npz" <<'PY' || status=1
 import os

@@ -6,8 +6,8 @@ K = 16 components forward at csr_tall. Inputs as the benchmark makes them."""
 import torch
 
 import dirmult_ext
-from dirmult_ext.bench.cases import make_log_alpha
-from dirmult_ext.bench.sparse_cases import SPARSE_SHAPES, make_csr
+from dirmult_ext.cli.bench.cases import make_log_alpha
+from dirmult_ext.cli.bench.sparse_cases import SPARSE_SHAPES, make_csr
 
 dev = torch.device("cuda")
 g = torch.Generator(device=dev).manual_seed(1)

@@ -5,7 +5,7 @@ kernels at K = 16, and the per-sample forward. Inputs as the benchmark makes the
 import torch
 
 import dirmult_ext
-from dirmult_ext.bench.cases import CUDA_SHAPES, make_counts, make_log_alpha
+from dirmult_ext.cli.bench.cases import CUDA_SHAPES, make_counts, make_log_alpha
 
 shapes = {s.name: s for s in CUDA_SHAPES}
 dev = torch.device("cuda")

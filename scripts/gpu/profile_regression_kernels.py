@@ -6,7 +6,7 @@ benchmark makes them (bench/regression_cases.py)."""
 import torch
 
 import dirmult_ext
-from dirmult_ext.bench.cases import Shape, make_counts
+from dirmult_ext.cli.bench.cases import Shape, make_counts
 
 dev = torch.device("cuda")
 g = torch.Generator(device=dev).manual_seed(1)

@@ -12,7 +12,7 @@ wrong answer.
 import torch
 
 import dirmult_ext
-from dirmult_ext.sparse import csc_parts
+from dirmult_ext.ops.csr import csc_parts
 
 ops = torch.ops.dirmult
 

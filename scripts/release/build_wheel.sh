@@ -6,7 +6,7 @@
 # The wheel is built without build isolation, against the torch installed in
 # that python (torch 2.14.1 here; the stable ABI makes it load in every torch
 # >= 2.10), from a clean copy of the checkout (tracked and untracked-but-not-
-# ignored files), so neither an in-place build (python/dirmult_ext/*.so) nor a
+# ignored files), so neither an in-place build (python/dirmult_ext/ops/*.so) nor a
 # stale build/ CMake cache leaks in. Then:
 #   auditwheel repair   manylinux platform tag; torch's and CUDA's libraries are
 #                       excluded (torch provides them at run time: _C links

@@ -26,8 +26,8 @@ import time
 import torch
 
 import dirmult_ext  # noqa: F401  (loads the ops)
-from dirmult_ext.bench.cases import Shape, l2_bytes, make_counts, make_log_alpha, rotation
-from dirmult_ext.bench.timing import Timer
+from dirmult_ext.cli.bench.cases import Shape, l2_bytes, make_counts, make_log_alpha, rotation
+from dirmult_ext.cli.bench.timing import Timer
 
 ops = torch.ops.dirmult
 

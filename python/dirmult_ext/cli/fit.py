@@ -1,0 +1,347 @@
+"""``dirmult-ext fit``: fit a Dirichlet-multinomial (``--k 1``) or a K-component
+DM mixture to a count matrix, print a summary, save the parameters.
+
+    dirmult-ext fit                      the bundled digits data: mixtures of 8..12
+                                         components, the criteria table, the chosen
+                                         k's components and their agreement with the
+                                         digit labels, and held-out accuracy of the
+                                         class-conditional DM classifier vs
+                                         multinomial naive Bayes
+    dirmult-ext fit counts.npz --k 3 --out params.npz
+    dirmult-ext fit taxa.csv --k 1-7 --prior dmn --out results/ --plot
+                                         model selection as DirichletMultinomial's
+                                         dmn: the criteria table and the chosen k
+    dirmult-ext fit counts.csv --labels labels.txt
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from typing import List, Optional
+
+import numpy as np
+import torch
+from torch import Tensor
+
+__all__ = ["main", "pick_device", "parse_k",
+           "DIGITS_K", "MULTINOMIAL_LIMIT"]
+
+#: ``--k`` for the bundled digits: a range around its 10 classes, so the
+#: criteria have a choice to make either side of 10.
+DIGITS_K = "8-12"
+
+#: A precision A = sum(alpha) above this is reported as the multinomial
+#: limit (no overdispersion); so is a DM log-likelihood within
+#: MULTINOMIAL_RTOL (relative) of the multinomial's.
+MULTINOMIAL_LIMIT = 1e6
+MULTINOMIAL_RTOL = 1e-6
+
+
+def parse_k(text: str) -> List[int]:
+    """``--k``: ``3``, a range ``1-7`` or a list ``2,4,6``."""
+    try:
+        if "-" in text:
+            lo, hi = (int(t) for t in text.split("-"))
+            ks = list(range(lo, hi + 1))
+        else:
+            ks = [int(t) for t in text.split(",")]
+    except ValueError:
+        raise ValueError(f"--k must be a number, a range like 1-7 or a list like 2,4,6; "
+                         f"got {text!r}") from None
+    if not ks or min(ks) < 1 or len(set(ks)) != len(ks):
+        raise ValueError(f"--k must give distinct numbers of components >= 1, got {text!r}")
+    return ks
+
+
+def pick_device(name: str = "auto") -> torch.device:
+    """``auto``: cuda if torch sees a GPU and the package's CUDA kernels are
+    loaded, else cpu; otherwise the named device."""
+    if name != "auto":
+        dev = torch.device(name)
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"--device {name}: torch sees no CUDA device")
+        return dev
+    from ..ops.library import CUDA_KERNELS
+    return torch.device("cuda" if torch.cuda.is_available() and CUDA_KERNELS else "cpu")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="dirmult-ext fit",
+        description="Fit a Dirichlet-multinomial (k=1) or a DM mixture to a count matrix "
+                    "(rows = samples, columns = categories). Without FILE: the bundled "
+                    "UCI digits data.")
+    p.add_argument("file", nargs="?", help=".npy, .npz (dense or scipy.sparse), .csv/.tsv/"
+                   ".txt (optionally .gz) or .mtx; default: the bundled digits data")
+    p.add_argument("--k", default=None,
+                   help="components: a number (1: a single DM; default 1, or 8-12 for the "
+                        "digits), or a range 1-7 / list 2,4,6: fit each, print the table of "
+                        "log-likelihood, Laplace, BIC, AIC and the k Laplace picks")
+    p.add_argument("--prior", choices=["none", "dmn"], default="none",
+                   help="dmn: the MAP estimate under DirichletMultinomial's "
+                        "Gamma(0.1, 0.1) prior on each alpha (its criteria then match "
+                        "dmn's; with --k 1 a one-component dmn fit); none (default): "
+                        "maximum likelihood")
+    p.add_argument("--samples-in-columns", action=argparse.BooleanOptionalAction,
+                   default=None, help="the text file holds one sample per column (taxa x "
+                   "samples) and is transposed (default: detected from the header's first "
+                   "cell, e.g. Taxon or #OTU ID)")
+    p.add_argument("--index-col", action=argparse.BooleanOptionalAction, default=None,
+                   help="the text file's first column holds names (default: when it is not "
+                        "numeric)")
+    p.add_argument("--device", default="auto", help="auto (default), cpu, cuda, cuda:N")
+    p.add_argument("--out", help="save the results: a .npz file (with the tables as .csv "
+                   "beside it) or a directory (dmm.npz, dmm_*.csv); default: not saved")
+    p.add_argument("--plot", action="store_true",
+                   help="mixtures, with --out: PNGs of the criteria against k and of the top "
+                        "features' mean proportions per component (needs matplotlib)")
+    p.add_argument("--top", type=int, default=5,
+                   help="features printed per component (default 5)")
+    p.add_argument("--labels", help="one label per row: also report the held-out accuracy "
+                   "of the class-conditional DM classifier vs multinomial naive Bayes "
+                   "(and, for k > 1, the adjusted Rand index of the clusters)")
+    p.add_argument("--method", choices=["newton", "fixed_point"], default="newton",
+                   help="single-DM optimizer (default newton)")
+    p.add_argument("--n-init", type=int, default=3,
+                   help="mixture EM runs to convergence (default 3)")
+    p.add_argument("--n-screen", type=int, default=20,
+                   help="short mixture runs screened for the --n-init starts (default 20; "
+                        "0: none)")
+    p.add_argument("--max-iter", type=int, default=200, help="iterations (default 200)")
+    p.add_argument("--tol", type=float, default=None,
+                   help="relative log-likelihood tolerance (default 1e-8 for k=1, 1e-6 for "
+                        "mixtures)")
+    p.add_argument("--seed", type=int, default=0, help="seed for restarts and the split")
+    p.add_argument("--test-fraction", type=float, default=0.25,
+                   help="held-out fraction for the classifier comparison (default 0.25)")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="stream rows in batches of N from host memory (default: all at "
+                        "once, or streamed when the matrix exceeds half the free GPU memory)")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="progress bars (default: when stderr is a terminal and the fit is long)")
+    return p
+
+
+def _print_baseline(log_lik: float, V: int, B: int, half: bool) -> None:
+    """The single multinomial at its MLE (p = column totals / total, V - 1
+    parameters) on the fit's scale: -2 log L + ... for one DM, dmn's half
+    scale for mixtures."""
+    p = V - 1
+    if half:
+        bic, aic, scale = -log_lik + 0.5 * p * np.log(B), -log_lik + p, "dmn's half scale"
+    else:
+        bic, aic, scale = -2 * log_lik + p * np.log(B), -2 * log_lik + 2 * p, "the DM's scale"
+    print(f"  baseline, one multinomial (p = column totals / total, {p} parameters): "
+          f"log-likelihood {log_lik:.4f} (normalized pmf); BIC {bic:.1f}, AIC {aic:.1f} "
+          f"({scale})")
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    from ..models.criteria import multinomial_log_lik
+    from ..models.baselines import multinomial_naive_bayes, train_test_split
+    from ..models.fit import fit
+    from ..data.io import load_count_table, load_labels
+    from ..models.classifier import DMClassifier
+    from ..models.metrics import adjusted_rand_index
+    from ..models.mixture import fit_mixture
+
+    t_start = time.perf_counter()
+    try:
+        device = pick_device(args.device)
+        labels: Optional[Tensor] = None
+        classes = None
+        if args.file is None:
+            if args.labels:
+                raise ValueError("--labels needs a counts FILE (the digits data has its own)")
+            from ..data.datasets import load_digits
+            counts, labels = load_digits()
+            classes = np.arange(10)
+            source = "bundled UCI optical digits (Alpaydin & Kaynak 1998, CC BY 4.0)"
+            ks = parse_k(DIGITS_K if args.k is None else args.k)
+            sample_names = [str(i + 1) for i in range(counts.shape[0])]
+            feature_names = [f"pixel{i + 1}" for i in range(counts.shape[1])]
+            transposed = False
+        else:
+            # (sparse files stay sparse)
+            counts, sample_names, feature_names, transposed = load_count_table(
+                args.file, samples_in_columns=args.samples_in_columns,
+                index_col=args.index_col)
+            source = args.file
+            ks = [1] if args.k is None else parse_k(args.k)
+            if args.labels:
+                labels, classes = load_labels(args.labels, counts.shape[0])
+        if max(ks) > counts.shape[0]:
+            raise ValueError(f"--k {max(ks)} needs at least {max(ks)} samples, the data has "
+                             f"{counts.shape[0]}")
+        for flag, v, lo in (("--top", args.top, 1), ("--n-init", args.n_init, 1),
+                            ("--n-screen", args.n_screen, 0), ("--max-iter", args.max_iter, 1)):
+            if v < lo:
+                raise ValueError(f"{flag} must be >= {lo}, got {v}")
+        if args.plot:
+            if not args.out:
+                raise ValueError("--plot writes beside the results: give --out too")
+            from ..integrations.plots import require_matplotlib
+            require_matplotlib()
+    except ImportError as e:
+        print(f"dirmult-ext fit: error: {e}", file=sys.stderr)
+        return 2
+    except (ValueError, FileNotFoundError) as e:
+        print(f"dirmult-ext fit: error: {e}", file=sys.stderr)
+        return 2
+
+    B, V = counts.shape
+    if isinstance(counts, Tensor):
+        N = counts.to(torch.float64).sum(-1)
+        zeros = float((counts == 0).double().mean())
+    else:
+        N = counts.row_totals()
+        zeros = 1.0 - int((counts.values != 0).sum()) / max(B * V, 1)
+    print(f"data: {source}" + (" (samples in columns: transposed)" if transposed else ""))
+    print(f"  {B} rows x {V} categories, {int(N.sum())} counts, row totals "
+          f"{int(N.min())}..{int(N.max())}, {zeros:.1%} zeros")
+    print(f"device: {device}")
+    empty = int((N == 0).sum())
+    if empty:
+        print(f"dirmult-ext fit: warning: {empty} sample{'s have' if empty > 1 else ' has'} "
+              f"no counts; {'they add' if empty > 1 else 'it adds'} 0 to the log-likelihood",
+              file=sys.stderr)
+    base_ll = multinomial_log_lik(counts)
+    params = {}
+    mixture = selection = None
+    t0 = time.perf_counter()
+    k = ks[0]
+    if ks == [1] and args.prior == "none":
+        tol = 1e-8 if args.tol is None else args.tol
+        r = fit(counts, method=args.method, tol=tol, max_iter=args.max_iter,
+                batch_size=args.batch_size, progress=args.progress, device=device)
+        dt = time.perf_counter() - t0
+        print(f"Dirichlet-multinomial fit ({r.method}): log-likelihood {r.log_lik:.4f} "
+              f"(normalized pmf), {r.n_iter} iterations, converged={r.converged}, {dt:.2f} s")
+        bic, aic = -2 * r.log_lik + V * np.log(B), -2 * r.log_lik + 2 * V
+        print(f"  precision A = sum(alpha) = {r.precision:.6g}; BIC {bic:.1f}, AIC {aic:.1f} "
+              f"(-2 log L + penalty, {V} parameters; lower is better)")
+        _print_baseline(base_ll, V, B, half=False)
+        if (r.precision > MULTINOMIAL_LIMIT
+                or abs(r.log_lik - base_ll) <= MULTINOMIAL_RTOL * abs(base_ll)):
+            print("  no overdispersion: the DM has reached its multinomial limit")
+        top = torch.argsort(r.alpha, descending=True)[:args.top].tolist()
+        print("  largest alpha: " + ", ".join(f"{feature_names[i]} {float(r.alpha[i]):.4g}"
+                                               for i in top))
+        params = dict(alpha=r.alpha.numpy(), log_alpha=r.log_alpha.numpy(),
+                      log_lik=r.log_lik, n_iter=r.n_iter, converged=r.converged,
+                      log_lik_trace=np.asarray(r.log_lik_trace))
+    else:
+        tol = 1e-6 if args.tol is None else args.tol
+        prior = None if args.prior == "none" else args.prior
+        fitted = fit_mixture(counts, ks if len(ks) > 1 else k, n_init=args.n_init,
+                             n_screen=args.n_screen,
+                             max_iter=args.max_iter, tol=tol, seed=args.seed,
+                             progress=args.progress, device=device,
+                             batch_size=args.batch_size, prior=prior)
+        dt = time.perf_counter() - t0
+        what = ("maximum likelihood" if prior is None
+                else "MAP under dmn's Gamma(0.1, 0.1) prior")
+        if len(ks) > 1:
+            selection = fitted
+            m = selection.best
+            k = selection.best_k
+            print(f"model selection, k = {ks[0]}..{ks[-1]} ({what}, {args.n_init} runs from "
+                  f"{max(args.n_screen, args.n_init)} seeds each, {dt:.2f} s); criteria as "
+                  "DirichletMultinomial::dmn defines them (lower is better, half the usual "
+                  "BIC/AIC scale; log-lik: the normalized pmf):")
+            print(selection.format_table())
+            print(f"chosen k = {k} (Laplace)")
+            if k == max(ks) and len(ks) > 2:
+                print(f"  the lowest Laplace criterion is at k = {k}, the largest fitted: "
+                      f"a larger k may fit better (e.g. --k {k}-{k + 4})")
+        else:
+            m = fitted
+        mixture = m
+        print(f"{k}-component DM mixture (EM, {what}): log-likelihood {m.log_lik:.4f} "
+              f"(normalized pmf); Laplace {m.laplace:.1f}, BIC {m.bic:.1f}, AIC {m.aic:.1f}")
+        _print_baseline(base_ll, V, B, half=True)
+        print(f"  best restart: {m.n_iter} iterations, converged={m.converged}; restarts' "
+              f"objectives " + ", ".join(f"{x:.2f}" for x in m.restart_log_liks)
+              + f"; {dt:.2f} s")
+        mean = m.alpha / m.alpha.sum(-1, keepdim=True)
+        print(f"  components by weight, top {args.top} features by mean proportion:")
+        for j in range(k):
+            top = torch.argsort(mean[j], descending=True)[:args.top].tolist()
+            print(f"  {j + 1}: weight {float(m.weights[j]):.3f}, precision "
+                  f"{float(m.alpha[j].sum()):.4g}: "
+                  + ", ".join(f"{feature_names[i]} {float(mean[j, i]):.1%}" for i in top))
+        at_limit = [j + 1 for j in range(k) if float(m.alpha[j].sum()) > MULTINOMIAL_LIMIT]
+        if at_limit:
+            print(f"  no overdispersion within component{'s' if len(at_limit) > 1 else ''} "
+                  + ", ".join(map(str, at_limit)) + ": precision above "
+                  f"{MULTINOMIAL_LIMIT:.0e}, the multinomial limit")
+        assign = m.responsibilities.argmax(-1)
+        if labels is not None:
+            print(f"  adjusted Rand index of clusters vs labels: "
+                  f"{adjusted_rand_index(assign, labels):.4f}")
+            if selection is not None:
+                print("  (every k: " + ", ".join(
+                    f"{kk}: {adjusted_rand_index(f.responsibilities.argmax(-1), labels):.4f}"
+                    for kk, f in zip(selection.ks, selection.fits)) + ")")
+        params = dict(weights=m.weights.numpy(), log_alpha=m.log_alpha.numpy(),
+                      alpha=m.alpha.numpy(), log_lik=m.log_lik, bic=m.bic, aic=m.aic,
+                      n_iter=m.n_iter, converged=m.converged, assignments=assign.numpy())
+    if labels is not None:
+        tr, te = train_test_split(B, args.test_fraction, args.seed)
+        C = len(classes)
+        t0 = time.perf_counter()
+        clf = DMClassifier(device=device).fit(counts[tr], labels[tr])
+        right_dm = torch.as_tensor(clf.predict(counts[te])) == labels[te]
+        acc_dm = float(right_dm.double().mean())
+        t_dm = time.perf_counter() - t0
+        right_nb = multinomial_naive_bayes(counts[tr], labels[tr], counts[te], C) == labels[te]
+        acc_nb = float(right_nb.double().mean())
+        print(f"classification, seeded split (seed {args.seed}): {len(tr)} train / "
+              f"{len(te)} test rows, {C} classes")
+        print(f"  class-conditional DM classifier: accuracy {acc_dm:.4f} ({t_dm:.2f} s)")
+        print(f"  multinomial naive Bayes (Laplace): accuracy {acc_nb:.4f}")
+        # Paired over the same test rows: only the rows where one is right and
+        # the other wrong carry the difference (its standard error as McNemar's).
+        n_te = max(len(te), 1)
+        discordant = int((right_dm != right_nb).sum())
+        se = math.sqrt(discordant) / n_te
+        diff = acc_dm - acc_nb
+        verdict = ("within two standard errors: no difference this split can show"
+                   if abs(diff) <= 2 * se else "beyond two standard errors")
+        print(f"  difference {diff:+.4f}, paired standard error {se:.4f} over {len(te)} "
+              f"test rows ({discordant} classified differently): {verdict}")
+        params.update(classifier_log_alpha=clf.log_alpha_.numpy(),
+                      classifier_log_prior=clf.log_prior_.numpy(),
+                      classifier_accuracy=acc_dm, naive_bayes_accuracy=acc_nb)
+    if args.out:
+        from .outputs import output_prefix, save_mixture
+        prefix = output_prefix(args.out)
+        if mixture is None:
+            paths = [prefix + ".npz"]
+            np.savez(paths[0], feature_names=np.asarray(feature_names), **params)
+            if args.plot:  # one DM: its mean proportions as one component
+                from ..integrations.plots import plot_component_heatmap
+                paths.append(plot_component_heatmap(r, feature_names, prefix + "_heatmap.png"))
+        else:
+            extra = {key: v for key, v in params.items() if key.startswith("classifier")
+                     or key == "naive_bayes_accuracy"}
+            paths = save_mixture(prefix, mixture, sample_names, feature_names, selection,
+                                 extra)
+            if args.plot:
+                from ..integrations.plots import plot_component_heatmap, plot_criteria
+                if selection is not None:
+                    paths.append(plot_criteria(selection, prefix + "_criteria.png"))
+                paths.append(plot_component_heatmap(mixture, feature_names,
+                                                    prefix + "_heatmap.png"))
+        print("saved: " + ", ".join(paths))
+    else:
+        print("results not saved (--out FILE.npz or --out DIR saves them)")
+    print(f"total {time.perf_counter() - t_start:.2f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,553 @@
+r"""The fitting engine every model streams its rows through: the row source
+(:class:`Rows`), its sufficient statistics, and the Newton / fixed-point
+steps of a Dirichlet-multinomial maximum-likelihood fit (:func:`optimize`).
+The public :func:`dirmult_ext.fit` is in :mod:`.fit`.
+
+Objective, for rows b with counts n[b, v], totals N_b and weights w_b
+(all ones by default), alpha = exp(log_alpha), A = sum_v alpha_v:
+
+    L(alpha) = sum_b w_b [ sum_v lnpoch(alpha_v, n_bv) - lnpoch(A, N_b) + c_b ]
+
+with c_b = log N_b! - sum_v log n_bv! (the normalized pmf; c_b does not
+depend on alpha). Its derivatives:
+
+    g_v   = dL/dalpha_v = sum_b w_b [dpoch(alpha_v, n_bv) - dpoch(A, N_b)]
+    H     = diag(q) + z 1 1^T,
+    q_v   = sum_b w_b [psi1(alpha_v + n_bv) - psi1(alpha_v)]     (<= 0)
+    z     = sum_b w_b [psi1(A) - psi1(A + N_b)]                  (>= 0)
+
+with dpoch(a, n) = psi(a + n) - psi(a), psi1 the trigamma function.
+
+Updates (Minka 2000, "Estimating a Dirichlet distribution", section on the
+Polya distribution):
+
+* fixed point: alpha_v <- alpha_v * sum_b w_b dpoch(alpha_v, n_bv)
+  / sum_b w_b dpoch(A, N_b). A minorize-maximize step: never decreases L.
+* Newton, here in eta = log(alpha) so alpha stays positive: the Hessian in
+  eta is diag(alpha^2 q + alpha g) + z alpha alpha^T, still diagonal plus
+  rank one, inverted in O(V) by Sherman-Morrison. Taken when that Hessian is
+  negative definite and the step increases L; otherwise the step is halved
+  (at most 3 times) and then the fixed-point step is taken instead.
+
+Sufficient statistics per pass over the rows: L and the gradient come from
+the fused op (``torch.autograd.grad`` of the weighted ``log_lik`` sum with
+respect to log_alpha, which equals alpha * g); q and z from plain torch
+trigamma in float64 over the nonzero counts. With ``batch_size`` the rows
+are visited in batches (each moved to the device on its own), so a counts
+tensor larger than device memory can stay on the CPU; from host memory to
+CUDA each batch goes through a pinned staging buffer, copied while the
+previous batch is computed on (:mod:`dirmult_ext.data.row_stream`, Note [Row
+streaming]). Without ``batch_size``, host counts bound for a CUDA device
+whose bytes exceed half its free memory are streamed the same way, in
+batches of 1/16 of the free memory (``row_stream.auto_batch_size``).
+
+Convergence: the relative change in L between iterations is at most
+``tol`` (|dL| <= tol * max(|L|, 1)) and the largest projected gradient with
+respect to log_alpha per unit row weight, max_v |alpha_v g_v| / sum_b w_b,
+is at most ``gtol`` (default 0.01 * sqrt(tol): 1e-6 at the default tol).
+Concentrations are kept in [min_alpha, 1e12]; a category never observed
+has its MLE at alpha_v -> 0 and heads for min_alpha (its gradient is then
+excluded from the test). The fixed point converges linearly and slowly
+when A is large (weak overdispersion); Newton is the default.
+
+The machinery is vectorized over K independent weighted fits (one
+log-alpha row and one weight column each): the mixture M-step, the
+class-conditional classifier and the distributed fit reuse it.
+"""
+from __future__ import annotations
+
+import math
+import sys
+import warnings
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..likelihood.log_lik import log_lik, log_lik_components
+from ..data.row_stream import auto_batch_size, matrix_bytes, stream_rows
+from ..data.sparse_counts import SparseCounts, as_sparse_counts, is_sparse_input
+from ..likelihood.sparse_stats import fit_moments
+
+__all__ = ["Rows", "Pre", "Stats", "Reducer", "identity", "as_counts", "as_weights",
+           "resolve_device", "prepass", "row_stats", "moment_init", "newton_step",
+           "fixed_point_step", "optimize", "init_eta", "check_common", "default_progress",
+           "MAX_ALPHA", "HALVINGS", "component_log_lik"]
+
+MAX_ALPHA = 1e12
+_MAX_LOG_STEP = 5.0     # largest |change| of log_alpha per Newton step
+HALVINGS = 3
+
+Reducer = Callable[[Tensor], Tensor]
+
+
+def identity(t: Tensor) -> Tensor:
+    return t
+
+
+# ---------------------------------------------------------------------------
+# input handling
+# ---------------------------------------------------------------------------
+def as_counts(counts) -> Tensor:
+    if is_sparse_input(counts):  # (kept sparse: every pass reads the nonzeros only)
+        counts = as_sparse_counts(counts)
+        if counts.shape[1] < 2:
+            raise ValueError(f"counts needs at least 2 categories (columns), got {counts.shape[1]}")
+        return counts
+    if isinstance(counts, np.ndarray):
+        counts = torch.from_numpy(np.ascontiguousarray(counts))
+    if not isinstance(counts, Tensor):
+        raise TypeError(f"counts must be a torch.Tensor or numpy array, "
+                        f"got {type(counts).__name__}")
+    if counts.dim() != 2:
+        raise ValueError(f"counts must be a (rows, categories) matrix, got shape "
+                         f"{tuple(counts.shape)}")
+    if counts.shape[1] < 2:
+        raise ValueError(f"counts needs at least 2 categories (columns), got {counts.shape[1]}")
+    if counts.dtype == torch.bool:
+        counts = counts.to(torch.uint8)
+    if counts.is_floating_point() and counts.dtype not in (torch.float32, torch.float64):
+        counts = counts.to(torch.float32)
+    if counts.dtype in (torch.int8, torch.int16):
+        counts = counts.to(torch.int32)
+    return counts
+
+
+def _auto_batch_size(counts, device: torch.device) -> Optional[int]:
+    """Rows per batch when host counts are too large for the CUDA device's
+    free memory (:func:`~dirmult_ext.data.row_stream.auto_batch_size`), else None."""
+    if device.type != "cuda" or counts.device.type != "cpu":
+        return None
+    free, _ = torch.cuda.mem_get_info(device)
+    return auto_batch_size(matrix_bytes(counts), counts.shape[0], free)
+
+
+def resolve_device(counts: Tensor, device) -> torch.device:
+    return counts.device if device is None else torch.device(device)
+
+
+def as_weights(weights, B: int, device, name: str = "weights") -> Optional[Tensor]:
+    if weights is None:
+        return None
+    w = torch.as_tensor(weights, dtype=torch.float64)
+    if w.shape != (B,):
+        raise ValueError(f"{name} must have shape ({B},) (one per row), got {tuple(w.shape)}")
+    if not bool(torch.isfinite(w).all()) or bool((w < 0).any()):
+        raise ValueError(f"{name} must be finite and non-negative")
+    return w.to(device)
+
+
+# ---------------------------------------------------------------------------
+# row source and sufficient statistics
+# ---------------------------------------------------------------------------
+class Rows:
+    """The rows of a (B, V) counts matrix with (B, K) float64 row weights,
+    visited in batches on ``device``. ``weights=None`` means one weight
+    column of ones."""
+
+    def __init__(self, counts: Tensor, weights: Optional[Tensor], device: torch.device,
+                 batch_size: Optional[int]):
+        if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
+            raise ValueError(f"batch_size must be a positive integer or None, got {batch_size!r}")
+        self.device = device
+        self.B, self.V = counts.shape
+        if batch_size is None:
+            batch_size = _auto_batch_size(counts, device)
+        #: whether the counts stay where they are and the batches move
+        self.streaming = batch_size is not None
+        self.batch_size = batch_size if batch_size is not None else max(self.B, 1)
+        # Whole matrix on the device unless streaming.
+        self.counts = counts if self.streaming else counts.to(device)
+        if weights is not None and weights.dim() == 1:
+            weights = weights.unsqueeze(-1)
+        self.weights = None if weights is None else weights.to(device, torch.float64)
+        self.K = 1 if weights is None else weights.shape[1]
+        self.N: Optional[Tensor] = None          # (B,) float64 row totals, set by prepass
+        self.c: Optional[Tensor] = None          # (B,) float64 log N! - sum log n!, idem
+        self._pairs = {}
+
+    def set_weights(self, weights: Tensor) -> None:
+        self.weights = weights.to(self.device, torch.float64)
+        self.K = weights.shape[1]
+
+    def pairs(self, cb: Tensor, bi: int):
+        """The nonzeros of batch ``bi`` (``cb``) grouped by distinct
+        (column, count) pair: returns (M, col, cnt) with ``col``/``cnt`` (U,)
+        the column (int64) and count (float64) of each pair and ``M`` the
+        (U, b) sparse CSR 0/1 matrix of which rows hold each pair, so that
+        ``M @ w`` sums row weights per pair. Trigamma sums then cost O(U)
+        special functions instead of O(nnz). Cached unless streaming."""
+        hit = self._pairs.get(bi)
+        if hit is not None:
+            return hit
+        if isinstance(cb, SparseCounts):
+            r, c, n = cb.coo()
+        else:
+            r, c = cb.nonzero(as_tuple=True)             # row-major order
+            n = cb[r, c].to(torch.float64)
+        V = cb.shape[1]
+        if bool((n == n.floor()).all()) and (n.numel() == 0 or float(n.max()) < 2.0 ** 40):
+            key = n.to(torch.int64) * V + c               # one int per (column, count)
+            skey, perm = torch.sort(key, stable=True)
+            ukey, cnt = torch.unique_consecutive(skey, return_counts=True)
+            pcol, pcnt = ukey % V, (ukey // V).to(torch.float64)
+            cols = r[perm]
+        else:                                             # non-integer counts: no grouping
+            pcol, pcnt, cnt, cols = c, n, torch.ones_like(c), r
+        U = pcol.shape[0]
+        crow = torch.zeros(U + 1, dtype=torch.int64, device=cb.device)
+        crow[1:] = cnt.cumsum(0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ones = torch.ones(cols.shape[0], dtype=torch.float64, device=cb.device)
+            M = torch.sparse_csr_tensor(crow, cols, ones, (U, cb.shape[0]),
+                                        check_invariants=False)
+        out = (M, pcol, pcnt)
+        if self.batch_size >= self.B:
+            self._pairs[bi] = out
+        return out
+
+    def count_batches(self, batch_size: Optional[int] = None):
+        """Yield (start, stop, counts batch on device), batches of
+        ``batch_size`` rows (default the fit's); from host memory to CUDA
+        pinned and overlapped with the compute (Note [Row streaming])."""
+        return stream_rows(self.counts, self.device, batch_size or self.batch_size)
+
+    def batches(self, comps: Optional[Tensor] = None):
+        """Yield (counts batch on device, weights (b, k) float64, N (b,) or None)."""
+        for s, e, cb in self.count_batches():
+            if self.weights is None:
+                k = 1 if comps is None else len(comps)
+                wb = torch.ones(e - s, k, dtype=torch.float64, device=self.device)
+            else:
+                wb = self.weights[s:e]
+                if comps is not None:
+                    wb = wb[:, comps]
+            Nb = None if self.N is None else self.N[s:e]
+            yield cb, wb, Nb
+
+
+@dataclass
+class Pre:
+    """Weighted moments from one pass, per component: W (K,) total weight,
+    Wpos (K,) weight of rows with N > 0, Sx/Sx2 (K, V) weighted sums of the
+    proportions n/N and their squares, Sinv (K,) weighted sum of 1/N,
+    C (K,) weighted normalizing constants, B total rows."""
+    W: Tensor
+    C: Tensor
+    B: int
+    Wpos: Optional[Tensor] = None
+    Sx: Optional[Tensor] = None
+    Sx2: Optional[Tensor] = None
+    Sinv: Optional[Tensor] = None
+
+
+def prepass(rows: Rows, reduce: Reducer = identity, check: bool = True) -> Pre:
+    """Row totals N and normalizing constants c (stored on ``rows``),
+    validation, weighted moments."""
+    K, V, dev = rows.K, rows.V, rows.device
+    W = torch.zeros(K, dtype=torch.float64, device=dev)
+    Wpos, Sinv, C = W.clone(), W.clone(), W.clone()
+    Sx = torch.zeros(K, V, dtype=torch.float64, device=dev)
+    Sx2 = Sx.clone()
+    Ns, cs = [], []
+    bad = torch.zeros((), dtype=torch.float64, device=dev)
+    for cb, wb, _ in rows.batches():
+        if isinstance(cb, SparseCounts):
+            N, bad_b, sx, sx2, cst = fit_moments(cb, wb)
+        else:
+            c = cb.to(torch.float64)
+            bad_b = (~torch.isfinite(c)).sum() + (c < 0).sum()
+            N = c.sum(-1)
+            x = c / N.clamp_min(1e-300).unsqueeze(-1)
+            wpx = wb * (N > 0).unsqueeze(-1)
+            sx, sx2 = wpx.T @ x, wpx.T @ (x * x)
+            cst = torch.lgamma(N + 1) - torch.lgamma(c + 1).sum(-1)
+        if check:
+            bad = bad + bad_b
+        Ns.append(N)
+        pos = N > 0
+        wp = wb * pos.unsqueeze(-1)
+        W += wb.sum(0)
+        Wpos += wp.sum(0)
+        Sx += sx
+        Sx2 += sx2
+        Sinv += (wp / N.clamp_min(1e-300).unsqueeze(-1)).sum(0)
+        cs.append(cst)
+        C += (wb * cst.unsqueeze(-1)).sum(0)
+    empty = torch.zeros(0, dtype=torch.float64, device=dev)
+    rows.N = torch.cat(Ns) if Ns else empty
+    rows.c = torch.cat(cs) if cs else empty
+    flat = reduce(torch.cat([W, Wpos, Sinv, C, Sx.flatten(), Sx2.flatten(),
+                             bad.reshape(1),
+                             torch.tensor([float(rows.B)], dtype=torch.float64, device=dev)]))
+    if check and float(flat[4 * K + 2 * K * V]) > 0:
+        raise ValueError("counts must be finite and non-negative")
+    W, Wpos, Sinv, C = flat[:4 * K].view(4, K)
+    Sx, Sx2 = flat[4 * K:4 * K + 2 * K * V].view(2, K, V)
+    return Pre(W, C, int(flat[-1]), Wpos, Sx, Sx2, Sinv)
+
+
+def moment_init(pre: Pre, min_alpha: float) -> Tensor:
+    """Method-of-moments log_alpha (K, V). With proportions x = n / N:
+    E[x_v] = p_v and sum_v Var[x_v] = sum_v p_v (1 - p_v) [e + (1 - e)/(A + 1)]
+    where e is the mean of 1/N; solve for A, then alpha = A p."""
+    Wp = pre.Wpos.clamp_min(1e-300).unsqueeze(-1)
+    V = pre.Sx.shape[1]
+    p = pre.Sx / Wp
+    var = (pre.Sx2 / Wp - p * p).clamp_min(0).sum(-1)
+    e = pre.Sinv / Wp.squeeze(-1)
+    ratio = var / (p * (1 - p)).sum(-1).clamp_min(1e-300)
+    excess = ratio - e
+    A = (1 - e) / excess - 1
+    A = torch.where((excess > 1e-12) & torch.isfinite(A), A, torch.full_like(A, 1e4))
+    A = torch.where(pre.Wpos > 0, A, torch.full_like(A, float(V)))
+    A = A.clamp(1e-2, 1e6)
+    # a little smoothing so that rarely seen categories do not start at the floor
+    lam = 1e-3 / V
+    p = (p + lam) / (1 + V * lam)
+    p = torch.where(pre.Wpos.unsqueeze(-1) > 0, p, torch.full_like(p, 1.0 / V))
+    return (A.unsqueeze(-1) * p).log().clamp(math.log(min_alpha), math.log(MAX_ALPHA))
+
+
+@dataclass
+class Stats:
+    """Per component: L (K,) weighted unnormalized log-lik; G (K, V) gradient
+    wrt log_alpha (= alpha * g); Q (K, V) = q; Z (K,) = z; D (K,) = sum_b w_b
+    dpoch(A, N_b) (the fixed-point denominator)."""
+    L: Tensor
+    G: Tensor
+    Q: Optional[Tensor]
+    Z: Optional[Tensor]
+    D: Tensor
+
+    def take(self, idx: Tensor) -> "Stats":
+        return Stats(self.L[idx], self.G[idx], None if self.Q is None else self.Q[idx],
+                      None if self.Z is None else self.Z[idx], self.D[idx])
+
+    def put(self, idx: Tensor, other: "Stats") -> None:
+        self.L[idx] = other.L
+        self.G[idx] = other.G
+        self.D[idx] = other.D
+        if self.Q is not None:
+            self.Q[idx] = other.Q
+            self.Z[idx] = other.Z
+
+
+def row_stats(rows: Rows, eta: Tensor, comps: Optional[Tensor], hessian: bool,
+           reduce: Reducer = identity, reweight=None) -> Stats:
+    """One pass over the rows at log_alpha ``eta`` (k, V) float64 for the
+    weight columns ``comps`` (all when None); reduced with ``reduce``.
+
+    ``reweight(start, ll, wb)``, if given, is called per batch with the
+    batch's first row index, its detached (b, k) log-likelihoods and stored
+    weights, and returns the weights to use instead (the fused E-step of
+    the mixture EM)."""
+    k, V = eta.shape
+    dev = eta.device
+    eta = eta.detach()
+    alpha = eta.exp()
+    A = alpha.sum(-1)
+    L = torch.zeros(k, dtype=torch.float64, device=dev)
+    G = torch.zeros(k, V, dtype=torch.float64, device=dev)
+    D = L.clone()
+    Q = G.clone() if hessian else None
+    Z = L.clone() if hessian else None
+    psiA = torch.digamma(A)
+    psi1A = torch.polygamma(1, A)
+    # One component with unit weights: the gradient of the plain sum, which
+    # log_lik's single pass computes with the forward (one read of the
+    # counts). Other weights: the registered op, whose forward does not
+    # compute that gradient (it would go unused).
+    unit = k == 1 and rows.weights is None and reweight is None
+    for bi, (cb, wb, Nb) in enumerate(rows.batches(comps)):
+        e = eta.clone().requires_grad_(True)
+        with torch.enable_grad():
+            if k == 1:
+                ll = (log_lik(cb, e[0]) if unit or isinstance(cb, SparseCounts)
+                      else torch.ops.dirmult.log_lik(cb, e[0], False)).unsqueeze(-1)
+            else:
+                ll = log_lik_components(cb, e)                        # (b, k)
+            if reweight is not None:
+                wb = reweight(bi * rows.batch_size, ll.detach(), wb)
+            tot = ll.sum(0) if unit else (ll * wb).sum(0)
+            (g,) = torch.autograd.grad(tot.sum(), e)
+        L += tot.detach()
+        G += g
+        NA = Nb.unsqueeze(-1) + A                                     # (b, k)
+        D += (wb * (torch.digamma(NA) - psiA)).sum(0)
+        if hessian:
+            Z += (wb * (psi1A - torch.polygamma(1, NA))).sum(0)
+            M, pv, pn = rows.pairs(cb, bi)
+            if pv.numel() == 0:
+                continue
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                wp = (M @ wb).T          # (k, U) weight of each (column, count) pair
+            a = alpha[:, pv]                                          # (k, U)
+            Q.index_add_(1, pv, wp * (torch.polygamma(1, pn + a) - torch.polygamma(1, a)))
+    parts = [L, G.flatten(), D] + ([Q.flatten(), Z] if hessian else [])
+    flat = reduce(torch.cat(parts))
+    L, G, D = flat[:k], flat[k:k + k * V].view(k, V), flat[k + k * V:2 * k + k * V]
+    if hessian:
+        o = 2 * k + k * V
+        Q, Z = flat[o:o + k * V].view(k, V), flat[o + k * V:]
+    return Stats(L.clone(), G.clone(), None if Q is None else Q.clone(),
+                  None if Z is None else Z.clone(), D.clone())
+
+
+# ---------------------------------------------------------------------------
+# update directions
+# ---------------------------------------------------------------------------
+def newton_step(eta: Tensor, S: Stats, free: Tensor):
+    """Newton step in log_alpha, (k, V), and a (k,) mask of where it is
+    usable (Hessian negative definite, ascent direction, finite).
+    H_eta = diag(d) + z u u^T, d = alpha^2 q + alpha g, u = alpha; fixed
+    (non-free) coordinates are left out of the system."""
+    alpha = eta.exp()
+    g = torch.where(free, S.G, torch.zeros_like(S.G))
+    d = torch.where(free, alpha * alpha * S.Q + S.G, torch.full_like(S.G, -1.0))
+    u = torch.where(free, alpha, torch.zeros_like(alpha))
+    z = S.Z
+    gd, ud = g / d, u / d
+    denom = 1 + z * (u * ud).sum(-1)
+    step = -(gd - ud * (z * (u * gd).sum(-1) / denom).unsqueeze(-1))
+    ok = (d < 0).all(-1) & (denom > 0) & torch.isfinite(step).all(-1) & ((g * step).sum(-1) > 0)
+    big = step.abs().amax(-1, keepdim=True)
+    step = step * torch.where(big > _MAX_LOG_STEP, _MAX_LOG_STEP / big, torch.ones_like(big))
+    return torch.where(ok.unsqueeze(-1), step, torch.zeros_like(step)), ok
+
+
+def fixed_point_step(eta: Tensor, S: Stats) -> Tensor:
+    """Minka's fixed point as a log_alpha change: log(num_v / D), num_v =
+    sum_b w_b dpoch(alpha_v, n_bv) = g_v + D (clamped at 0: never observed)."""
+    alpha = eta.exp()
+    D = S.D.unsqueeze(-1)
+    num = (S.G / alpha + D).clamp_min(0)
+    step = num.log() - D.log()
+    return torch.where(D > 0, step, torch.zeros_like(step))
+
+
+def optimize(rows: Rows, eta: Tensor, pre: Pre, *, method: str, tol: float,
+              gtol: float, max_iter: int, min_alpha: float, reduce: Reducer = identity,
+              progress: bool = False, desc: str = "fit", need_converged: bool = True):
+    """Run up to ``max_iter`` iterations on all K components of ``rows``,
+    starting at ``eta`` (K, V) float64. Returns (eta, stats, trace (list of
+    (K,) normalized log-lik tensors), n_iter, converged (K,) bool, gnorm (K,))."""
+    if method not in ("newton", "fixed_point"):
+        raise ValueError(f"method must be 'newton' or 'fixed_point', got {method!r}")
+    hessian = method == "newton"
+    lo, hi = math.log(min_alpha), math.log(MAX_ALPHA)
+    K = eta.shape[0]
+    eta = eta.clone()
+    S = row_stats(rows, eta, None, hessian, reduce)
+    W = pre.W
+    active = W > 1e-12 * W.sum()
+    converged = ~active
+    trace = [S.L + pre.C]
+    gnorm = torch.zeros(K, dtype=torch.float64, device=eta.device)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+        bar = tqdm(total=max_iter, desc=desc, file=sys.stderr, leave=False)
+    n_iter = 0
+    try:
+        for it in range(1, max_iter + 1):
+            n_iter = it
+            free = (eta > lo + 1e-9) | (S.G > 0)
+            fp = fixed_point_step(eta, S)
+            if hessian:
+                nt, use_newton = newton_step(eta, S, free)
+                use_newton = use_newton & active
+            else:
+                nt, use_newton = fp, torch.zeros(K, dtype=torch.bool, device=eta.device)
+            t = torch.ones(K, dtype=torch.float64, device=eta.device)
+            pending = active.clone()
+            new_eta = eta.clone()
+            for _ in range(HALVINGS + 2):
+                if not bool(pending.any()):
+                    break
+                idx = pending.nonzero().squeeze(-1)
+                step = torch.where(use_newton.unsqueeze(-1), t.unsqueeze(-1) * nt, fp)[idx]
+                cand = (eta[idx] + step).clamp(lo, hi)
+                Sc = row_stats(rows, cand, idx if K > 1 else None, hessian, reduce)
+                slack = 1e-12 * S.L[idx].abs() + 1e-12
+                acc = (Sc.L >= S.L[idx] - slack) | ~use_newton[idx]
+                ai = idx[acc]
+                if len(ai):
+                    new_eta[ai] = cand[acc]
+                    S.put(ai, Sc.take(acc.nonzero().squeeze(-1)))
+                pending[ai] = False
+                rej = idx[~acc]
+                t[rej] *= 0.5
+                use_newton[rej] &= t[rej] >= 0.5 ** HALVINGS
+            eta = new_eta
+            Lfull = S.L + pre.C
+            dL = (Lfull - trace[-1]).abs()
+            trace.append(Lfull)
+            free = (eta > lo + 1e-9) | (S.G > 0)
+            gnorm = (S.G * free).abs().amax(-1) / W.clamp_min(1e-300)
+            conv = (dL <= tol * Lfull.abs().clamp_min(1.0)) & (gnorm <= gtol)
+            converged = converged | (conv & active)
+            if need_converged:
+                active = active & ~conv
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(log_lik=f"{float(Lfull.sum()):.6g}")
+            if not bool(active.any()):
+                break
+    finally:
+        if bar is not None:
+            bar.close()
+    return eta, S, trace, n_iter, converged, gnorm
+
+
+def default_progress(progress, work: int, streaming: bool) -> bool:
+    if progress is not None:
+        return bool(progress)
+    try:
+        tty = sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        tty = False
+    return tty and (streaming or work >= 10_000_000)
+
+
+def check_common(method: str, tol: float, max_iter: int, min_alpha: float) -> None:
+    if method not in ("newton", "fixed_point"):
+        raise ValueError(f"method must be 'newton' or 'fixed_point', got {method!r}")
+    if not (tol > 0):
+        raise ValueError(f"tol must be positive, got {tol!r}")
+    if not isinstance(max_iter, int) or max_iter < 1:
+        raise ValueError(f"max_iter must be a positive integer, got {max_iter!r}")
+    if not (0 < min_alpha < 1):
+        raise ValueError(f"min_alpha must be in (0, 1), got {min_alpha!r}")
+
+
+def init_eta(init, pre: Pre, V: int, device, min_alpha: float) -> Tensor:
+    if init is None or (isinstance(init, str) and init == "moments"):
+        return moment_init(pre, min_alpha)
+    a = torch.as_tensor(init, dtype=torch.float64)
+    if a.shape != (V,):
+        raise ValueError(f"init must be None, 'moments' or alpha of shape ({V},), "
+                         f"got shape {tuple(a.shape)}")
+    if not bool(torch.isfinite(a).all()) or bool((a <= 0).any()):
+        raise ValueError("init (alpha) must be finite and positive")
+    return a.log().clamp(math.log(min_alpha), math.log(MAX_ALPHA)).to(device).unsqueeze(0)
+
+
+def component_log_lik(counts: Tensor, log_alpha: Tensor, device=None,
+                       batch_size: Optional[int] = None) -> Tensor:
+    """(B, K) normalized log DM(counts[b] | alpha_k), float64, on ``device``."""
+    counts = as_counts(counts)
+    dev = counts.device if device is None else torch.device(device)
+    la = log_alpha.to(dev, torch.float64)
+    if counts.shape[1] != la.shape[1]:
+        raise ValueError(f"counts must have {la.shape[1]} columns, got {counts.shape[1]}")
+    bs = batch_size or max(counts.shape[0], 1)
+    out = [log_lik_components(counts[s:s + bs].to(dev), la, normalize=True)
+           for s in range(0, counts.shape[0], bs)]
+    if not out:
+        return torch.zeros(0, la.shape[0], dtype=torch.float64, device=dev)
+    return torch.cat(out)
