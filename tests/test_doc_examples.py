@@ -9,7 +9,6 @@ with that reason.
 from __future__ import annotations
 
 import importlib.util
-import os
 import re
 from pathlib import Path
 
