@@ -28,7 +28,7 @@ class DMFit:
         n_iter: iterations taken.
         converged: whether the tolerance was met within ``max_iter``.
         method: ``"newton"`` or ``"fixed_point"``.
-        grad_norm: final max_v |alpha_v g_v| / sum_b w_b (projected).
+        grad_norm: final ``max_v |alpha_v g_v| / sum_b w_b`` (projected).
         n_rows: number of rows fitted (all ranks, for a distributed fit).
     """
     alpha: Tensor
