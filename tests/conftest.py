@@ -33,3 +33,16 @@ def pytest_report_header(config):
     return (f"dirmult_ext {info['version']}: torch {info['torch']}, CUDA build "
             f"{info['cuda_version'] or 'none'} [{info['cuda_architectures']}], "
             f"devices under test: {', '.join(DEVICES)}")
+
+
+def pytest_terminal_summary(terminalreporter):
+    """One line per reason for the skipped tests (most need a GPU), so that
+    a run's skips explain themselves without ``-rs``."""
+    reasons = {}
+    for report in terminalreporter.stats.get("skipped", []):
+        longrepr = report.longrepr
+        reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+        reason = reason.removeprefix("Skipped: ")
+        reasons[reason] = reasons.get(reason, 0) + 1
+    for reason, n in sorted(reasons.items(), key=lambda item: -item[1]):
+        terminalreporter.write_line(f"{n} skipped: {reason}")
