@@ -92,6 +92,8 @@ def log_lik(counts: Tensor, log_alpha: Optional[Tensor] = None, *,
     if alpha is not None:
         _checks.inputs(counts, alpha, "alpha")
         name = "alpha"
+        if validate:
+            _checks.positive(alpha)
         log_alpha = alpha.log()
     _checks.inputs(counts, log_alpha, name)
     _checks.log_lik_shapes(counts, log_alpha, name)

@@ -156,7 +156,8 @@ def _auto_batch_size(counts, device: torch.device) -> Optional[int]:
 
 
 def _resolve_device(counts: Tensor, device) -> torch.device:
-    return counts.device if device is None else torch.device(device)
+    from .arg_checks import check_device
+    return counts.device if device is None else check_device(device)
 
 
 def _as_weights(weights, B: int, device, name: str = "weights") -> Optional[Tensor]:

@@ -42,6 +42,7 @@ from .criteria import (GammaPrior, ModelSelection, add_prior, criteria, hessian_
 from .fit import (_HALVINGS, MAX_ALPHA, Reducer, _Rows, _as_counts, _check_common,
                   _default_progress, _fixed_point_step, _identity, _moment_init,
                   _newton_step, _optimize, _prepass, _resolve_device, _stats)
+from .arg_checks import check_device, check_k, check_labels, check_seed
 from .sparse import SparseCounts
 from .threads import fit_threads
 from .sparse_stats import sq_distances
@@ -57,7 +58,7 @@ def _component_log_lik(counts: Tensor, log_alpha: Tensor, device=None,
                        batch_size: Optional[int] = None) -> Tensor:
     """(B, K) normalized log DM(counts[b] | alpha_k), float64, on ``device``."""
     counts = _as_counts(counts)
-    dev = counts.device if device is None else torch.device(device)
+    dev = counts.device if device is None else check_device(device)
     la = log_alpha.to(dev, torch.float64)
     if counts.shape[1] != la.shape[1]:
         raise ValueError(f"counts must have {la.shape[1]} columns, got {counts.shape[1]}")
@@ -479,14 +480,10 @@ def fit_mixture(counts, k: Union[int, Iterable[int]], *, n_init: int = 3,
         :class:`DMMixture` (float64, CPU; components by decreasing weight),
         or a ModelSelection for several k.
     """
-    if not isinstance(k, (int, np.integer)) and not isinstance(k, bool):
-        try:
-            ks = [int(x) for x in k]
-        except TypeError:
-            raise ValueError(f"k must be a positive integer or an iterable of them, "
-                             f"got {k!r}") from None
-        if not ks or len(set(ks)) != len(ks):
-            raise ValueError(f"k must hold distinct positive integers, got {k!r}")
+    k = check_k(k)
+    seed = check_seed(seed)
+    if isinstance(k, list):
+        ks = k
         kw = dict(n_screen=n_screen, screen_iter=screen_iter, n_init=n_init, max_iter=max_iter, tol=tol, seed=seed, progress=progress,
                   device=device, init=init, m_steps=m_steps, batch_size=batch_size,
                   min_alpha=min_alpha, prior=prior)
@@ -567,10 +564,7 @@ class DMClassifier:
 
     def fit(self, counts, labels) -> "DMClassifier":
         counts = _as_counts(counts)
-        lab = np.asarray(labels.cpu() if isinstance(labels, Tensor) else labels).ravel()
-        if lab.shape[0] != counts.shape[0]:
-            raise ValueError(f"labels must have one entry per row ({counts.shape[0]}), "
-                             f"got {lab.shape[0]}")
+        lab = check_labels(labels, counts.shape[0])
         self.classes_, codes = np.unique(lab, return_inverse=True)
         C = len(self.classes_)
         dev = _resolve_device(counts, self.device)

@@ -73,6 +73,7 @@ from typing import Optional, Sequence
 
 import torch
 
+from .arg_checks import check_device
 from .regression_data import (INTERCEPT, PENALTIES, Reducer, _as_covariates, _as_dense_counts,
                               _Data, _identity, _names, _prepass)
 from .regression_module import DirichletMultinomialRegression
@@ -177,7 +178,7 @@ def fit_regression(counts, X, *, bias: bool = True, penalty: Optional[str] = Non
     P = X.shape[1]
     if P == 0:
         raise ValueError("X has no columns: use dirmult_ext.fit for the intercept-only model")
-    dev = counts.device if device is None else torch.device(device)
+    dev = counts.device if device is None else check_device(device)
     w = _as_weights(weights, B, "cpu" if batch_size is not None else dev)
     covariate_names = _names(covariate_names, P, "covariate_names", "x")
     category_names = _names(category_names, V, "category_names", "v")

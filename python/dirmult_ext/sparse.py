@@ -621,6 +621,8 @@ def log_lik(counts, log_alpha: Optional[Tensor] = None, alpha: Optional[Tensor] 
     if alpha is not None:
         if not isinstance(alpha, Tensor):
             raise TypeError(f"alpha must be a torch.Tensor, got {type(alpha).__name__}")
+        if validate:
+            _checks.positive(alpha)
         log_alpha = alpha.log()
     sc, log_alpha = _prepare(counts, log_alpha, name, validate)
     B, V = sc.shape
