@@ -33,13 +33,13 @@ def check_device(device, name: str = "device") -> torch.device:
                         f"'cuda', got {type(device).__name__}")
     if dev.type == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError(f"{name}={str(device)!r}: torch sees no CUDA device on this "
+            raise ValueError(f"{name} {str(device)!r}: torch sees no CUDA device on this "
                              "machine (use 'cpu')")
         if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise ValueError(f"{name}={str(device)!r}: this machine has "
+            raise ValueError(f"{name} {str(device)!r}: this machine has "
                              f"{torch.cuda.device_count()} CUDA device(s)")
     elif dev.type not in ("cpu", "meta") and not _backend_available(dev):
-        raise ValueError(f"{name}={str(device)!r}: torch has no {dev.type} backend on this "
+        raise ValueError(f"{name} {str(device)!r}: torch has no {dev.type} backend on this "
                          "machine (use 'cpu' or 'cuda')")
     return dev
 
