@@ -65,7 +65,8 @@ class DirichletMultinomial(Distribution):
 
     Args:
         total_count: number of trials N; a non-negative integer scalar or a
-            tensor broadcastable to the batch shape (per-row totals). May be
+            tensor broadcastable to the batch shape (per-row totals), kept
+            as an int64 tensor (exact as far as int64 goes). May be
             None when only :meth:`log_prob` is needed (:meth:`sample` and
             the moments then raise).
         concentration: ``(..., V)`` positive concentrations alpha; the

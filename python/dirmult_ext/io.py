@@ -7,7 +7,10 @@ Formats, chosen by file name suffix:
   dense arrays saved with ``numpy.savez``: the one array in the file, or the
   one named ``key`` (default: ``counts`` if present).
 * ``.csv``/``.tsv``/``.txt`` (optionally ``.gz``): comma- (csv), tab- (tsv)
-  or whitespace- (txt) separated. A first line that is not numeric is a
+  or whitespace- (txt) separated; a ``.csv``/``.tsv`` whose first lines
+  hold none of its separator but a semicolon, tab, comma or ``|`` the same
+  number of times on each is read with that one. A UTF-8 byte-order mark is
+  skipped. A first line that is not numeric is a
   header (column names), a first column that is not numeric holds row names
   (``index_col`` forces either way). Microbiome tables come as taxa x
   samples: a header whose first cell names the taxa (``Taxon``, ``OTU``,
@@ -23,7 +26,9 @@ matrix) load as a
 :class:`dirmult_ext.SparseCounts`, read without densifying; the others as a
 dense ``(B, V)`` float32 torch tensor (float64 on request); ``sparse=`` asks
 for either form from any file. The values are checked to be finite and
-non-negative first.
+non-negative first. A file that cannot be read (corrupt, truncated, of
+another format, a directory) raises :class:`CountFileError`, a
+``ValueError`` naming the file and the problem.
 """
 from __future__ import annotations
 
