@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 import time
 from typing import List, Optional
@@ -59,10 +60,8 @@ def pick_device(name: str = "auto") -> torch.device:
     """``auto``: cuda if torch sees a GPU and the package's CUDA kernels are
     loaded, else cpu; otherwise the named device."""
     if name != "auto":
-        dev = torch.device(name)
-        if dev.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError(f"--device {name}: torch sees no CUDA device")
-        return dev
+        from ..models.arg_checks import check_device
+        return check_device(name, "--device")
     from ..ops.library import CUDA_KERNELS
     return torch.device("cuda" if torch.cuda.is_available() and CUDA_KERNELS else "cpu")
 
@@ -139,6 +138,30 @@ def _print_baseline(log_lik: float, V: int, B: int, half: bool) -> None:
 
 
 def main(argv=None) -> int:
+    """Run ``dirmult-ext fit``; a user error (bad file, argument or data) is
+    one line on stderr and exit status 2, as argparse's own."""
+    try:
+        return _main(argv)
+    except (ValueError, TypeError, FileNotFoundError, ImportError) as e:
+        print(f"dirmult-ext fit: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _check_options(args) -> None:
+    """The numeric options and the output location, before any work: a
+    typo found after a long fit loses the fit."""
+    if args.tol is not None and not (args.tol > 0 and math.isfinite(args.tol)):
+        raise ValueError(f"--tol must be a positive number, got {args.tol}")
+    if args.batch_size is not None and args.batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
+    if not 0 < args.test_fraction < 1:
+        raise ValueError(f"--test-fraction must be in (0, 1), got {args.test_fraction}")
+    if args.out:
+        from ..models.arg_checks import check_writable
+        check_writable(args.out, "--out", directory=not args.out.lower().endswith(".npz"))
+
+
+def _main(argv) -> int:
     args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     from ..models.criteria import multinomial_log_lik
     from ..models.baselines import multinomial_naive_bayes, train_test_split
@@ -150,6 +173,7 @@ def main(argv=None) -> int:
 
     t_start = time.perf_counter()
     try:
+        _check_options(args)
         device = pick_device(args.device)
         labels: Optional[Tensor] = None
         classes = None
@@ -317,30 +341,54 @@ def main(argv=None) -> int:
                       classifier_log_prior=clf.log_prior_.numpy(),
                       classifier_accuracy=acc_dm, naive_bayes_accuracy=acc_nb)
     if args.out:
-        from .outputs import output_prefix, save_mixture
-        prefix = output_prefix(args.out)
-        if mixture is None:
-            paths = [prefix + ".npz"]
-            np.savez(paths[0], feature_names=np.asarray(feature_names), **params)
-            if args.plot:  # one DM: its mean proportions as one component
-                from ..integrations.plots import plot_component_heatmap
-                paths.append(plot_component_heatmap(r, feature_names, prefix + "_heatmap.png"))
-        else:
-            extra = {key: v for key, v in params.items() if key.startswith("classifier")
-                     or key == "naive_bayes_accuracy"}
-            paths = save_mixture(prefix, mixture, sample_names, feature_names, selection,
-                                 extra)
-            if args.plot:
-                from ..integrations.plots import plot_component_heatmap, plot_criteria
-                if selection is not None:
-                    paths.append(plot_criteria(selection, prefix + "_criteria.png"))
-                paths.append(plot_component_heatmap(mixture, feature_names,
-                                                    prefix + "_heatmap.png"))
+        try:
+            paths = _save(args, params, mixture, selection, r if mixture is None else None,
+                          sample_names, feature_names)
+        except OSError as e:
+            # Not lost: the fit's arrays go to a fresh temporary directory.
+            import tempfile
+            from .outputs import save_mixture
+            prefix = os.path.join(tempfile.mkdtemp(prefix="dirmult-ext-fit-"), "dmm")
+            if mixture is None:
+                np.savez(prefix + ".npz", feature_names=np.asarray(feature_names), **params)
+                paths = [prefix + ".npz"]
+            else:
+                paths = save_mixture(prefix, mixture, sample_names, feature_names, selection,
+                                     {key: v for key, v in params.items()
+                                      if key.startswith("classifier")
+                                      or key == "naive_bayes_accuracy"})
+            print(f"dirmult-ext fit: error: cannot write --out {args.out} ({e}); the results "
+                  f"were saved instead to: {', '.join(paths)}", file=sys.stderr)
+            return 2
         print("saved: " + ", ".join(paths))
     else:
         print("results not saved (--out FILE.npz or --out DIR saves them)")
     print(f"total {time.perf_counter() - t_start:.2f} s")
     return 0
+
+
+def _save(args, params, mixture, selection, r, sample_names, feature_names) -> List[str]:
+    """Write ``--out`` (and its plots); returns the paths written."""
+    from .outputs import output_prefix, save_mixture
+    prefix = output_prefix(args.out)
+    if mixture is None:
+        paths = [prefix + ".npz"]
+        np.savez(paths[0], feature_names=np.asarray(feature_names), **params)
+        if args.plot:  # one DM: its mean proportions as one component
+            from ..integrations.plots import plot_component_heatmap
+            paths.append(plot_component_heatmap(r, feature_names, prefix + "_heatmap.png"))
+    else:
+        extra = {key: v for key, v in params.items() if key.startswith("classifier")
+                 or key == "naive_bayes_accuracy"}
+        paths = save_mixture(prefix, mixture, sample_names, feature_names, selection,
+                             extra)
+        if args.plot:
+            from ..integrations.plots import plot_component_heatmap, plot_criteria
+            if selection is not None:
+                paths.append(plot_criteria(selection, prefix + "_criteria.png"))
+            paths.append(plot_component_heatmap(mixture, feature_names,
+                                                prefix + "_heatmap.png"))
+    return paths
 
 
 if __name__ == "__main__":

@@ -15,6 +15,8 @@ covariate rows are ignored), else by order.
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import sys
 import time
 from typing import List, Optional
@@ -83,6 +85,16 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    """Run ``dirmult-ext regress``; a user error (bad file, argument or data)
+    is one line on stderr and exit status 2, as argparse's own."""
+    try:
+        return _main(argv)
+    except (ValueError, TypeError, FileNotFoundError, ImportError) as e:
+        print(f"dirmult-ext regress: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _main(argv) -> int:
     args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     from .fit import pick_device
     from ..data.io import load_count_table, load_covariates
@@ -97,6 +109,16 @@ def main(argv=None) -> int:
             raise ValueError("--lam needs --penalty l2 or group-lasso")
         if args.lam < 0:
             raise ValueError(f"--lam must be >= 0, got {args.lam}")
+        # before any work: a typo found after a long fit loses the fit
+        if not (args.tol > 0 and math.isfinite(args.tol)):
+            raise ValueError(f"--tol must be a positive number, got {args.tol}")
+        if args.batch_size is not None and args.batch_size < 1:
+            raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
+        if args.max_iter < 1:
+            raise ValueError(f"--max-iter must be >= 1, got {args.max_iter}")
+        if args.out:
+            from ..models.arg_checks import check_writable
+            check_writable(args.out, "--out")
         device = pick_device(args.device)
         table = load_count_table(args.counts, sparse=False,
                                  samples_in_columns=args.samples_in_columns,
@@ -139,7 +161,17 @@ def main(argv=None) -> int:
         print(f"  likelihood ratio vs intercept only: {lr:.4f} on {df} degrees of freedom, "
               f"p = {p_lr:.3g}" + (" (penalized fit: not a valid test)" if penalty else ""))
     if args.out:
-        r.to_csv(args.out)
+        try:
+            r.to_csv(args.out)
+        except OSError as e:
+            # Not lost: the table goes to a temporary file.
+            import tempfile
+            fd, fallback = tempfile.mkstemp(prefix="dirmult-ext-regress-", suffix=".csv")
+            os.close(fd)
+            r.to_csv(fallback)
+            print(f"dirmult-ext regress: error: cannot write --out {args.out} ({e}); the "
+                  f"table was saved instead to {fallback}", file=sys.stderr)
+            return 2
         print(f"saved: {args.out} ({len(r.to_table())} coefficients)")
     else:
         print("table not saved (--out FILE.csv saves it)")

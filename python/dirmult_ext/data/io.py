@@ -7,7 +7,10 @@ Formats, chosen by file name suffix:
   dense arrays saved with ``numpy.savez``: the one array in the file, or the
   one named ``key`` (default: ``counts`` if present).
 * ``.csv``/``.tsv``/``.txt`` (optionally ``.gz``): comma- (csv), tab- (tsv)
-  or whitespace- (txt) separated. A first line that is not numeric is a
+  or whitespace- (txt) separated; a ``.csv``/``.tsv`` whose first lines
+  hold none of its separator but a semicolon, tab, comma or ``|`` the same
+  number of times on each is read with that one. A UTF-8 byte-order mark is
+  skipped. A first line that is not numeric is a
   header (column names), a first column that is not numeric holds row names
   (``index_col`` forces either way). Microbiome tables come as taxa x
   samples: a header whose first cell names the taxa (``Taxon``, ``OTU``,
@@ -23,13 +26,17 @@ matrix) load as a
 :class:`dirmult_ext.SparseCounts`, read without densifying; the others as a
 dense ``(B, V)`` float32 torch tensor (float64 on request); ``sparse=`` asks
 for either form from any file. The values are checked to be finite and
-non-negative first.
+non-negative first. A file that cannot be read (corrupt, truncated, of
+another format, a directory) raises :class:`CountFileError`, a
+``ValueError`` naming the file and the problem.
 """
 from __future__ import annotations
 
+import contextlib
 import gzip
 import os
 import csv
+import zipfile
 from typing import List, NamedTuple, Optional, Tuple
 
 import numpy as np
@@ -37,7 +44,10 @@ import torch
 from torch import Tensor
 
 __all__ = ["load_counts", "load_count_table", "CountTable", "load_labels", "load_covariates",
-           "is_sparse_file"]
+           "is_sparse_file", "CountFileError"]
+
+from .errors import CountFileError
+
 
 _EXACT_FLOAT32 = 2 ** 24
 
@@ -51,7 +61,47 @@ def _suffix(path: str) -> str:
 
 
 def _open_text(path: str):
-    return gzip.open(path, "rt") if path.lower().endswith(".gz") else open(path, "r")
+    # utf-8-sig: a byte-order mark (spreadsheet exports) is not part of the
+    # first cell.
+    if path.lower().endswith(".gz"):
+        return gzip.open(path, "rt", encoding="utf-8-sig")
+    return open(path, "r", encoding="utf-8-sig")
+
+
+_FORMATS = {".npy": "NumPy .npy", ".npz": "NumPy .npz", ".mtx": "Matrix Market",
+            ".mtx.gz": "Matrix Market", ".h5ad": "AnnData .h5ad (HDF5)"}
+
+
+@contextlib.contextmanager
+def _reading(path: str):
+    """Turn what the readers below raise on a corrupt, truncated or foreign
+    file into a CountFileError naming the file and the problem."""
+    suf = _suffix(path)
+    fmt = _FORMATS.get(suf, "text table")
+    try:
+        yield
+    except (CountFileError, FileNotFoundError, ImportError):
+        raise
+    except IsADirectoryError:
+        raise CountFileError(f"{path}: is a directory, not a {fmt} file") from None
+    except UnicodeDecodeError as e:
+        raise CountFileError(f"{path}: not a text table (byte {e.start} is not UTF-8 text; "
+                             "a binary file?)") from None
+    except (OSError, EOFError, zipfile.BadZipFile, ValueError, KeyError, IndexError,
+            TypeError) as e:
+        msg = str(e)
+        if msg.startswith(path):    # the readers' own messages
+            raise CountFileError(msg) from None
+        if isinstance(e, zipfile.BadZipFile):
+            msg = f"{msg}: a truncated or corrupt archive"
+        elif "pickle" in msg:
+            # numpy's answer to bytes without its header; loading pickles
+            # would run code from the file
+            msg = "no NumPy header: not a .npy/.npz file, or a corrupt one"
+        elif os.path.isdir(path):
+            msg = "is a directory"
+        raise CountFileError(f"{path}: cannot read as {fmt}: {msg or type(e).__name__}") \
+            from None
 
 
 # First header cells that name the rows of a taxa x samples table.
@@ -89,6 +139,8 @@ def _read_delimited(path: str, delimiter: Optional[str],
                 lines.append((i, ln.rstrip("\r\n")))
     if not lines:
         raise ValueError(f"{path}: no data rows")
+    if delimiter is not None:
+        delimiter = _sniff_delimiter(path, delimiter, [ln for _, ln in lines[:20]])
     if delimiter is None:
         rows = [(i, ln.split()) for i, ln in lines]
     else:
@@ -133,6 +185,28 @@ def _read_delimited(path: str, delimiter: Optional[str],
                   names, cols, corner, [i for i, _ in rows], 2 if index_col else 1)
 
 
+_DELIMITERS = {",": "comma", "\t": "tab", ";": "semicolon", "|": "vertical bar"}
+
+
+def _sniff_delimiter(path: str, expected: str, head: List[str]) -> str:
+    """The suffix's separator if the first lines hold it; else the one of
+    ``;``, tab, ``,``, ``|`` found the same number of times on each of them
+    (a European spreadsheet's CSV is semicolon-separated); else, when the
+    lines hold no separator at all, the suffix's (one column)."""
+    if any(expected in ln for ln in head[:1]):
+        return expected
+    for d in (";", "\t", ",", "|"):
+        n = [ln.count(d) for ln in head]
+        if n[0] > 0 and len(set(n)) == 1:
+            return d
+    found = [_DELIMITERS[d] for d in _DELIMITERS if any(d in ln for ln in head)]
+    if found:
+        raise ValueError(f"{path}: expected {_DELIMITERS[expected]}-separated values; the "
+                         f"first lines hold no {_DELIMITERS[expected]} but "
+                         f"{' and '.join(found)}s in differing numbers")
+    return expected
+
+
 def _locator(table: Optional[_Table], transposed: bool):
     """``where(i, j)``: the position of entry (i, j) of the loaded matrix
     (rows = samples) in the file, 1-based as an editor or a spreadsheet shows
@@ -170,7 +244,7 @@ _TEXT = {".csv": ",", ".csv.gz": ",", ".tsv": "\t", ".tsv.gz": "\t", ".txt": Non
 
 def _read_any(path: str, key: Optional[str]) -> np.ndarray:
     suf = _suffix(path)
-    try:
+    with _reading(path):
         if suf == ".npy":
             return np.load(path, allow_pickle=False)
         if suf == ".npz":
@@ -185,11 +259,6 @@ def _read_any(path: str, key: Optional[str]) -> np.ndarray:
             from .h5ad import read_matrix
             m = read_matrix(path, key)
             return m.toarray() if hasattr(m, "toarray") else np.asarray(m)
-    except (OSError, EOFError) as e:
-        raise ValueError(f"{path}: cannot read ({e})") from None
-    except ValueError as e:
-        msg = str(e)
-        raise ValueError(msg if msg.startswith(path) else f"{path}: {msg}") from None
     raise ValueError(f"{path}: unknown format {suf or '(no suffix)'!r}; use .npy, .npz, "
                      ".csv, .tsv, .txt (optionally .gz), .mtx or .h5ad")
 
@@ -212,7 +281,7 @@ def is_sparse_file(path) -> bool:
         try:
             with np.load(path, allow_pickle=False) as z:
                 return "format" in z.files and "shape" in z.files
-        except (OSError, ValueError):
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile):
             return False
     return False
 
@@ -222,7 +291,7 @@ def _read_sparse(path: str, key: Optional[str]):
     others converted from their dense array."""
     import scipy.sparse
     suf = _suffix(path)
-    try:
+    with _reading(path):
         if suf in (".mtx", ".mtx.gz"):
             import scipy.io
             m = scipy.io.mmread(path)
@@ -235,8 +304,6 @@ def _read_sparse(path: str, key: Optional[str]):
             m = scipy.sparse.load_npz(path) if stored_sparse else _read_any(path, key)
         else:
             m = _read_any(path, key)
-    except (OSError, EOFError) as e:
-        raise ValueError(f"{path}: cannot read ({e})") from None
     if not scipy.sparse.issparse(m):
         m = np.asarray(m)
         if m.ndim != 2:
@@ -343,16 +410,15 @@ def load_count_table(path, *, dtype: torch.dtype = torch.float32, key: Optional[
     if sparse is None:
         if _suffix(path) == ".h5ad":
             from .h5ad import is_sparse
-            sparse = is_sparse(path, key)
+            with _reading(path):
+                sparse = is_sparse(path, key)
         else:
             sparse = key is None and is_sparse_file(path)
     row_names = col_names = t = None
     suf = _suffix(path)
     if suf in _TEXT:
-        try:
+        with _reading(path):
             t = _read_delimited(path, _TEXT[suf], index_col)
-        except (OSError, EOFError) as e:
-            raise ValueError(f"{path}: cannot read ({e})") from None
         arr, row_names, col_names = t.values, t.row_names, t.col_names
         if samples_in_columns is None:
             corner = (t.corner or "").strip().strip('"').lower()
@@ -368,7 +434,8 @@ def load_count_table(path, *, dtype: torch.dtype = torch.float32, key: Optional[
         arr = np.asarray(_read_any(path, key))
     if suf == ".h5ad":
         from .h5ad import read_names
-        row_names, col_names = read_names(path)
+        with _reading(path):
+            row_names, col_names = read_names(path)
     transposed = bool(samples_in_columns)
     if transposed:
         if arr.ndim != 2:
@@ -435,11 +502,12 @@ def load_labels(path, n_rows: Optional[int] = None) -> Tuple[Tensor, np.ndarray]
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path}: no such file")
     suf = _suffix(path)
-    if suf == ".npy":
-        lab = np.load(path, allow_pickle=False)
-    else:
-        with _open_text(path) as f:
-            lab = np.array([ln.strip().split(",")[0] for ln in f if ln.strip()])
+    with _reading(path):
+        if suf == ".npy":
+            lab = np.load(path, allow_pickle=False)
+        else:
+            with _open_text(path) as f:
+                lab = np.array([ln.strip().split(",")[0] for ln in f if ln.strip()])
         try:
             as_num = lab.astype(np.float64)
             if np.all(as_num == np.round(as_num)):
@@ -465,7 +533,8 @@ def load_covariates(path) -> Tuple[np.ndarray, Optional[List[str]], List[str]]:
         raise FileNotFoundError(f"{path}: no such file")
     suf = _suffix(path)
     if suf == ".npy":
-        arr = np.load(path, allow_pickle=False)
+        with _reading(path):
+            arr = np.load(path, allow_pickle=False)
         if arr.ndim == 1:
             arr = arr[:, None]
         if arr.ndim != 2 or not np.issubdtype(arr.dtype, np.number):
@@ -477,14 +546,15 @@ def load_covariates(path) -> Tuple[np.ndarray, Optional[List[str]], List[str]]:
                          ".npy, got {suf or '(no suffix)'!r}")
     try:
         t = _read_delimited(path, _TEXT[suf])
+    except (OSError, EOFError, UnicodeDecodeError) as e:
+        with _reading(path):
+            raise e
     except ValueError as e:
         msg = str(e)
         if "not a numeric table" in msg:
             msg += (" (covariates must be numeric: code a categorical covariate as 0/1 "
                     "indicator columns)")
         raise ValueError(f"covariates {msg}") from None
-    except (OSError, EOFError) as e:
-        raise ValueError(f"{path}: cannot read ({e})") from None
     if t.values.size == 0:
         raise ValueError(f"{path}: no covariates")
     P = t.values.shape[1]

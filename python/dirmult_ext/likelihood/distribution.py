@@ -65,7 +65,8 @@ class DirichletMultinomial(Distribution):
 
     Args:
         total_count: number of trials N; a non-negative integer scalar or a
-            tensor broadcastable to the batch shape (per-row totals). May be
+            tensor broadcastable to the batch shape (per-row totals), kept
+            as an int64 tensor (exact as far as int64 goes). May be
             None when only :meth:`log_prob` is needed (:meth:`sample` and
             the moments then raise).
         concentration: ``(..., V)`` positive concentrations alpha; the
@@ -108,7 +109,7 @@ class DirichletMultinomial(Distribution):
         if total_count is None:
             self.total_count = None
         else:
-            tc = torch.as_tensor(total_count, dtype=param.dtype, device=param.device)
+            tc = _as_total_count(total_count, param.device)
             try:
                 batch_shape = torch.broadcast_shapes(batch_shape, tc.shape)
             except RuntimeError:
@@ -118,6 +119,11 @@ class DirichletMultinomial(Distribution):
         self._param = param
         self._param_name = name
         super().__init__(batch_shape, param.shape[-1:], validate_args=validate_args)
+        # The constraints (real, positive) admit +-inf, which is no concentration.
+        if self._validate_args and not bool(torch.isfinite(param).all()):
+            bad = float(param[~torch.isfinite(param)].flatten()[0])
+            raise ValueError(f"{name} must be finite, got a value of {bad} (alpha = exp of "
+                             "log_concentration must be a finite positive number)")
 
     # -- parameters --------------------------------------------------------
     @lazy_property
@@ -265,10 +271,26 @@ class DirichletMultinomial(Distribution):
 
     # -- sampling ------------------------------------------------------------
     def sample(self, sample_shape=torch.Size()) -> Tensor:
-        """Draw ``sample_shape + batch_shape + (V,)`` counts (dtype of the
-        concentration): a Dirichlet draw per count vector, then a multinomial
-        with that row's ``total_count``."""
+        """Draw ``sample_shape + batch_shape + (V,)`` counts: a Dirichlet
+        draw per count vector, then a multinomial with that row's
+        ``total_count``. The counts are drawn as int64 and sum exactly to
+        ``total_count``; they are returned in the concentration's dtype
+        where it holds every total exactly (float32: totals up to 2^24), else
+        in float64 (up to 2^53), else as int64.
+
+        Raises:
+            ValueError: a ``total_count`` that is not a non-negative integer
+                (NaN, infinite, negative or fractional; reachable with
+                ``validate_args=False``).
+        """
         total = self._require_total("sample")
+        if total.is_floating_point():
+            bad = ~((total >= 0) & (total < 2.0 ** 63) & (total == total.floor()))
+        else:
+            bad = total < 0
+        if bool(bad.any()):
+            raise ValueError("DirichletMultinomial.sample needs total_count to be a "
+                             f"non-negative integer, got {float(total[bad].flatten()[0])}")
         shape = self._extended_shape(sample_shape)
         with torch.no_grad():
             alpha = self.concentration.detach().to(torch.float64).expand(shape)
@@ -282,9 +304,36 @@ class DirichletMultinomial(Distribution):
                     alpha[dead].argmax(-1), shape[-1]).to(gam.dtype)
                 s = gam.sum(-1, keepdim=True)
             probs = gam / s
-            n = total.detach().expand(shape[:-1]).round().to(torch.int64)
+            n = total.detach().expand(shape[:-1]).to(torch.int64)
             counts = _multinomial_counts(probs.reshape(-1, shape[-1]), n.reshape(-1))
-        return counts.reshape(shape).to(self._param.dtype)
+        return counts.reshape(shape).to(_exact_dtype(self._param.dtype, n))
+
+
+def _as_total_count(total_count, device) -> Tensor:
+    """``total_count`` as int64 where it is integer-valued (exact as far as
+    int64 goes: a float32 tensor would round 2^24 + 1 to 2^24), else as
+    float64 (NaN, infinite, negative or fractional totals: rejected by the
+    validation and by :meth:`DirichletMultinomial.sample`)."""
+    if isinstance(total_count, Tensor):
+        tc = total_count.to(device)
+    else:
+        tc = torch.as_tensor(total_count, device=device)
+    if not tc.is_floating_point():
+        return tc.to(torch.int64)
+    tc = tc.to(torch.float64)
+    if bool((torch.isfinite(tc) & (tc == tc.floor()) & (tc.abs() < 2.0 ** 63)).all()):
+        return tc.to(torch.int64)
+    return tc
+
+
+def _exact_dtype(dtype: torch.dtype, totals: Tensor) -> torch.dtype:
+    """``dtype`` if it represents every integer up to the largest total,
+    else float64, else int64."""
+    top = int(totals.max()) if totals.numel() else 0
+    for dt in (dtype, torch.float64):
+        if dt.is_floating_point and top <= 2 / torch.finfo(dt).eps:
+            return dt
+    return torch.int64
 
 
 def _unbroadcast(t: Tensor) -> Tensor:
@@ -322,12 +371,14 @@ def _multinomial_counts(probs: Tensor, totals: Tensor, method: Optional[str] = N
         return out
     if method != "binomial":
         raise ValueError(f"method must be 'categorical' or 'binomial', got {method!r}")
-    left = totals.to(torch.float64)
+    # The remainder is kept in int64: above 2^53 a float64 one would drift.
+    left = totals.clone()
     tail = probs.flip(-1).cumsum(-1).flip(-1)                             # sum_{u>=v} p_u
     for v in range(V - 1):
-        p = torch.where(tail[:, v] > 0, probs[:, v] / tail[:, v], torch.zeros_like(left))
-        x = torch.binomial(left, p.clamp(0.0, 1.0))
-        out[:, v] = x.to(torch.int64)
+        p = torch.where(tail[:, v] > 0, probs[:, v] / tail[:, v], torch.zeros_like(probs[:, v]))
+        x = torch.binomial(left.to(torch.float64), p.clamp(0.0, 1.0)).to(torch.int64)
+        x = torch.minimum(x.clamp_min(0), left)
+        out[:, v] = x
         left = left - x
-    out[:, V - 1] = left.to(torch.int64)
+    out[:, V - 1] = left
     return out

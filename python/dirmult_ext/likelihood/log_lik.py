@@ -94,6 +94,8 @@ def log_lik(counts: Tensor, log_alpha: Optional[Tensor] = None, *,
     if alpha is not None:
         checks.inputs(counts, alpha, "alpha")
         name = "alpha"
+        if validate:
+            checks.positive(alpha)
         log_alpha = alpha.log()
     checks.inputs(counts, log_alpha, name)
     checks.log_lik_shapes(counts, log_alpha, name)

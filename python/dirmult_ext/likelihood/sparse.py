@@ -11,6 +11,7 @@ from torch import Tensor
 
 from ..data.sparse_counts import MAX_CUDA_COMPONENTS, SparseCounts, as_sparse_counts
 from ..ops.csr import CsrSinglePass, single_pass_applies
+from ..ops import checks
 from ..ops.library import ops
 
 __all__ = ["log_lik", "log_lik_components"]
@@ -53,6 +54,8 @@ def log_lik(counts, log_alpha: Optional[Tensor] = None, alpha: Optional[Tensor] 
     if alpha is not None:
         if not isinstance(alpha, Tensor):
             raise TypeError(f"alpha must be a torch.Tensor, got {type(alpha).__name__}")
+        if validate:
+            checks.positive(alpha)
         log_alpha = alpha.log()
     sc, log_alpha = _prepare(counts, log_alpha, name, validate)
     B, V = sc.shape

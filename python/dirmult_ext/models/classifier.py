@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from ..data.threads import fit_threads
+from .arg_checks import check_labels
 from .engine import (Rows, as_counts, check_common, component_log_lik, moment_init, optimize,
                      prepass, resolve_device)
 
@@ -43,10 +44,7 @@ class DMClassifier:
 
     def fit(self, counts, labels) -> "DMClassifier":
         counts = as_counts(counts)
-        lab = np.asarray(labels.cpu() if isinstance(labels, Tensor) else labels).ravel()
-        if lab.shape[0] != counts.shape[0]:
-            raise ValueError(f"labels must have one entry per row ({counts.shape[0]}), "
-                             f"got {lab.shape[0]}")
+        lab = check_labels(labels, counts.shape[0])
         self.classes_, codes = np.unique(lab, return_inverse=True)
         C = len(self.classes_)
         dev = resolve_device(counts, self.device)

@@ -67,6 +67,7 @@ import torch
 from torch import Tensor
 
 from ..likelihood.log_lik import log_lik, log_lik_components
+from .arg_checks import check_device
 from ..data.row_stream import auto_batch_size, matrix_bytes, stream_rows
 from ..data.sparse_counts import SparseCounts, as_sparse_counts, is_sparse_input
 from ..likelihood.sparse_stats import fit_moments
@@ -125,7 +126,7 @@ def _auto_batch_size(counts, device: torch.device) -> Optional[int]:
 
 
 def resolve_device(counts: Tensor, device) -> torch.device:
-    return counts.device if device is None else torch.device(device)
+    return counts.device if device is None else check_device(device)
 
 
 def as_weights(weights, B: int, device, name: str = "weights") -> Optional[Tensor]:
@@ -541,7 +542,7 @@ def component_log_lik(counts: Tensor, log_alpha: Tensor, device=None,
                        batch_size: Optional[int] = None) -> Tensor:
     """(B, K) normalized log DM(counts[b] | alpha_k), float64, on ``device``."""
     counts = as_counts(counts)
-    dev = counts.device if device is None else torch.device(device)
+    dev = counts.device if device is None else check_device(device)
     la = log_alpha.to(dev, torch.float64)
     if counts.shape[1] != la.shape[1]:
         raise ValueError(f"counts must have {la.shape[1]} columns, got {counts.shape[1]}")

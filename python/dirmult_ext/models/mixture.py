@@ -39,6 +39,7 @@ from .criteria import (GammaPrior, ModelSelection, add_prior, criteria, hessian_
 from .engine import (HALVINGS, MAX_ALPHA, Reducer, Rows, as_counts, check_common, component_log_lik,
                      default_progress, fixed_point_step, identity, moment_init, newton_step, optimize,
                      prepass, resolve_device, row_stats)
+from .arg_checks import check_k, check_seed
 from .starts import kmeanspp, random_responsibilities
 from ..data.threads import fit_threads
 
@@ -349,14 +350,10 @@ def fit_mixture(counts, k: Union[int, Iterable[int]], *, n_init: int = 3,
         :class:`DMMixture` (float64, CPU; components by decreasing weight),
         or a ModelSelection for several k.
     """
-    if not isinstance(k, (int, np.integer)) and not isinstance(k, bool):
-        try:
-            ks = [int(x) for x in k]
-        except TypeError:
-            raise ValueError(f"k must be a positive integer or an iterable of them, "
-                             f"got {k!r}") from None
-        if not ks or len(set(ks)) != len(ks):
-            raise ValueError(f"k must hold distinct positive integers, got {k!r}")
+    k = check_k(k)
+    seed = check_seed(seed)
+    if isinstance(k, list):
+        ks = k
         kw = dict(n_screen=n_screen, screen_iter=screen_iter, n_init=n_init, max_iter=max_iter, tol=tol, seed=seed, progress=progress,
                   device=device, init=init, m_steps=m_steps, batch_size=batch_size,
                   min_alpha=min_alpha, prior=prior)

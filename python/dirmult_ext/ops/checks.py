@@ -80,6 +80,15 @@ def finite(counts: Tensor, log_alpha: Tensor, name: str) -> None:
         raise ValueError(f"{name} contains NaN or infinite values")
 
 
+def positive(alpha: Tensor, name: str = "alpha") -> None:
+    """Concentrations given as alpha: finite and > 0 (checked before the
+    log, where a negative alpha would read as a NaN)."""
+    if not bool(torch.isfinite(alpha).all()):
+        raise ValueError(f"{name} contains NaN or infinite values")
+    if bool((alpha <= 0).any()):
+        raise ValueError(f"{name} must be positive, got {float(alpha.min())}")
+
+
 def regression_inputs(counts, X, W, bias) -> None:
     """log_lik_regression's arguments: counts (B, V), X (B, P), W (P, V),
     bias (V,) or None; tensors, dense, floating design, one device."""

@@ -73,6 +73,7 @@ from typing import Optional, Sequence
 
 import torch
 
+from ..arg_checks import check_device
 from .data import INTERCEPT, PENALTIES, Reducer, as_covariates, as_dense_counts, RegressionData, identity, column_names, design_prepass
 from .module import DirichletMultinomialRegression
 from .optim import Problem, lbfgs, prox_lbfgs
@@ -177,7 +178,7 @@ def fit_regression(counts, X, *, bias: bool = True, penalty: Optional[str] = Non
     P = X.shape[1]
     if P == 0:
         raise ValueError("X has no columns: use dirmult_ext.fit for the intercept-only model")
-    dev = counts.device if device is None else torch.device(device)
+    dev = counts.device if device is None else check_device(device)
     w = as_weights(weights, B, "cpu" if batch_size is not None else dev)
     covariate_names = column_names(covariate_names, P, "covariate_names", "x")
     category_names = column_names(category_names, V, "category_names", "v")
