@@ -9,7 +9,10 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 out="${1:-/tmp/docs_html}"
 cd "$root"
-export PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}"
+# The in-place build where there is one; else the installed package.
+if compgen -G "$root/python/dirmult_ext/ops/_C*.so" >/dev/null; then
+  export PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}"
+fi
 export MPLBACKEND=Agg
 python -m sphinx -W --keep-going -E -b html docs "$out"
 echo "docs: $out/index.html"
