@@ -425,16 +425,30 @@ def _check_mixture_args(k, n_init, n_screen, screen_iter, init, m_steps, tol, ma
         raise ValueError(f"n_screen must be a non-negative integer, got {n_screen!r}")
     if not isinstance(screen_iter, int) or screen_iter < 1:
         raise ValueError(f"screen_iter must be a positive integer, got {screen_iter!r}")
-    if init not in ("kmeans++", "random"):
-        raise ValueError(f"init must be 'kmeans++' or 'random', got {init!r}")
+    if isinstance(init, str) and init not in ("kmeans++", "random"):
+        raise ValueError(f"init must be 'kmeans++', 'random' or a (rows, k) array of "
+                         f"responsibilities, got {init!r}")
     if not isinstance(m_steps, int) or m_steps < 1:
         raise ValueError(f"m_steps must be a positive integer, got {m_steps!r}")
     _check_common("newton", tol, max_iter, min_alpha)
 
 
+def _initial_responsibilities(init, B: int, k: int, device) -> Tensor:
+    """``init`` as (B, k) float64 responsibilities on ``device``, checked."""
+    R = torch.as_tensor(np.asarray(init.detach().cpu() if isinstance(init, Tensor) else init,
+                                   dtype=np.float64))
+    if R.shape != (B, k):
+        raise ValueError(f"init responsibilities must have shape ({B}, {k}), "
+                         f"got {tuple(R.shape)}")
+    if not bool(torch.isfinite(R).all()) or bool((R < 0).any()) or not torch.allclose(
+            R.sum(-1), torch.ones(B, dtype=torch.float64), atol=1e-6):
+        raise ValueError("init responsibilities must be non-negative with rows summing to 1")
+    return R.to(device)
+
+
 def fit_mixture(counts, k: Union[int, Iterable[int]], *, n_init: int = 3,
                 max_iter: int = 200, tol: float = 1e-6, seed: Optional[int] = None,
-                progress: Optional[bool] = None, device=None, init: str = "kmeans++",
+                progress: Optional[bool] = None, device=None, init="kmeans++",
                 m_steps: int = 2, batch_size: Optional[int] = None,
                 min_alpha: float = 1e-6, prior=None, n_screen: int = 20,
                 screen_iter: int = 10) -> Union[DMMixture, ModelSelection]:
@@ -460,8 +474,12 @@ def fit_mixture(counts, k: Union[int, Iterable[int]], *, n_init: int = 3,
             large problems).
         device: where to compute (default ``counts.device``).
         init: ``"kmeans++"`` (seeds on the row proportions, hard assignment
-            softened) or ``"random"`` (Dirichlet(1) responsibilities,
-            :func:`random_responsibilities` of restart i's stream).
+            softened), ``"random"`` (Dirichlet(1) responsibilities,
+            :func:`random_responsibilities` of restart i's stream), or a
+            ``(B, k)`` array of initial responsibilities (rows summing to 1,
+            e.g. a previous fit's ``predict_proba``): one EM run from them,
+            ``n_init`` and ``n_screen`` ignored (the same start gives the
+            same run).
         m_steps: Newton iterations of the first M-step, after the initial
             responsibilities (later M-steps take one warm-started step).
         batch_size: stream the rows in batches (see :func:`dirmult_ext.fit.fit`:
@@ -512,7 +530,13 @@ def fit_mixture(counts, k: Union[int, Iterable[int]], *, n_init: int = 3,
         _prepass(rows)                          # validates; sets rows.N, rows.c
         gen = torch.Generator()
         gen.manual_seed(int(seed) if seed is not None else int(torch.seed() % (2 ** 63)))
-        if init == "kmeans++":
+        if not isinstance(init, str):
+            R0 = _initial_responsibilities(init, B, k, dev)
+            n_init, n_screen = 1, 0
+
+            def start(i):
+                return R0
+        elif init == "kmeans++":
             def start(i):
                 return _kmeanspp(rows, k, gen)
         else:
@@ -553,7 +577,8 @@ class DMClassifier:
 
     After :meth:`fit`: ``classes_`` (numpy, sorted unique labels),
     ``log_alpha_`` ``(C, V)`` and ``log_prior_`` ``(C,)`` float64 CPU tensors,
-    ``converged_`` ``(C,)`` bools.
+    ``converged_`` ``(C,)`` bools, ``n_iter_`` the iterations taken (all
+    classes fitted together).
     """
 
     def __init__(self, *, prior: str = "empirical", min_alpha: float = 1e-3,
@@ -579,7 +604,7 @@ class DMClassifier:
         with fit_threads(counts.shape[0] * counts.shape[1] * C, dev):  # Note [Fit threads]
             pre = _prepass(rows)
             eta0 = _moment_init(pre, self.min_alpha)
-            eta, _, _, _, conv, _ = _optimize(
+            eta, _, _, n_iter, conv, _ = _optimize(
                 rows, eta0, pre, method=self.method, tol=self.tol,
                 gtol=0.01 * math.sqrt(self.tol), max_iter=self.max_iter,
                 min_alpha=self.min_alpha)
@@ -588,6 +613,7 @@ class DMClassifier:
         self.log_prior_ = ((n / n.sum()).log() if self.prior == "empirical"
                            else torch.full((C,), -math.log(C), dtype=torch.float64))
         self.converged_ = conv.cpu()
+        self.n_iter_ = int(n_iter)
         return self
 
     def _joint(self, counts) -> Tensor:
