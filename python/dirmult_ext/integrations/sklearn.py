@@ -30,14 +30,19 @@ import warnings
 from numbers import Integral, Real
 
 import numpy as np
-import scipy.sparse as sp
 import torch
-from sklearn.base import BaseEstimator, ClassifierMixin, DensityMixin, _fit_context
-from sklearn.exceptions import ConvergenceWarning
-from sklearn.utils import check_random_state
-from sklearn.utils._param_validation import Interval, StrOptions
-from sklearn.utils.multiclass import check_classification_targets
-from sklearn.utils.validation import check_is_fitted, validate_data
+
+try:
+    import scipy.sparse as sp
+    from sklearn.base import BaseEstimator, ClassifierMixin, DensityMixin, _fit_context
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.utils import check_random_state
+    from sklearn.utils._param_validation import Interval, StrOptions
+    from sklearn.utils.multiclass import check_classification_targets
+    from sklearn.utils.validation import check_is_fitted, validate_data
+except ImportError as e:
+    raise ImportError("dirmult_ext.integrations.sklearn needs scikit-learn >= 1.6: install "
+                      "it with `pip install 'dirmult_ext[sklearn]'` (or scikit-learn)") from e
 
 from ..criteria import criteria
 from ..mixture import DMClassifier, fit_mixture
