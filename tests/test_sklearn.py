@@ -131,6 +131,9 @@ def test_mixture_matches_package_and_reference():
     np.testing.assert_allclose(est.concentrations_, m.alpha.numpy(), rtol=1e-12)
     assert est.converged_ == m.converged and est.n_iter_ == m.n_iter
     assert math.isclose(est.lower_bound_, m.log_lik / X.shape[0], rel_tol=1e-12)
+    lb = est.lower_bounds_
+    assert lb.shape == (est.n_iter_,) and lb[-1] == est.lower_bound_
+    assert np.all(np.diff(lb) >= -1e-12 * abs(lb[-1]))
     np.testing.assert_array_equal(est.predict(X), m.predict(torch.from_numpy(X)).numpy())
     assert est.n_features_in_ == X.shape[1]
     # against the gammaln formula at the fitted parameters
@@ -192,7 +195,8 @@ def test_torch_input():
     X, _, _ = mixture_data(seed=5)
     ref = DirichletMultinomialMixture(3, n_init=1, random_state=1).fit(X)
     for T in (torch.from_numpy(X), torch.from_numpy(X).float(),
-              torch.from_numpy(X).to_sparse_csr()):
+              torch.from_numpy(X).to(torch.bfloat16),           # exact: counts below 256
+              torch.from_numpy(X).to_sparse_csr(), torch.from_numpy(X).to_sparse_coo()):
         est = DirichletMultinomialMixture(3, n_init=1, random_state=1).fit(T)
         np.testing.assert_allclose(est.concentrations_, ref.concentrations_, rtol=1e-8)
         np.testing.assert_allclose(est.score_samples(T), ref.score_samples(X), rtol=1e-10)
@@ -225,6 +229,15 @@ def test_warm_start_continues_em():
                                               rel_tol=1e-9)
     with pytest.raises(ValueError, match="n_components"):
         done.set_params(n_components=2).fit(X)
+
+
+def test_verbose(capsys):
+    X, _, _ = mixture_data(B=60, seed=7)
+    DirichletMultinomialMixture(2, n_init=1, random_state=0).fit(X)
+    assert capsys.readouterr().out == ""
+    est = DirichletMultinomialMixture(2, n_init=1, random_state=0, verbose=1).fit(X)
+    out = capsys.readouterr().out
+    assert f"{est.n_iter_} EM iterations" in out and "log-likelihood per sample" in out
 
 
 def test_sample():

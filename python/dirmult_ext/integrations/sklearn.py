@@ -58,6 +58,8 @@ def _torch_to_host(X: torch.Tensor):
     """A torch tensor as a numpy array or scipy CSR matrix (on the host:
     scikit-learn's validation reads numpy)."""
     X = X.detach()
+    if X.dtype == torch.bfloat16:       # (numpy has no bfloat16)
+        X = X.float()
     if X.layout in (torch.sparse_csr, torch.sparse_csc, torch.sparse_coo):
         X = X.cpu().to_sparse_csr()
         return sp.csr_matrix((X.values().numpy(), X.col_indices().numpy(),
@@ -183,6 +185,9 @@ class DirichletMultinomialMixture(DensityMixin, BaseEstimator):
     lower_bound_ : float
         Log-likelihood per sample of the training data at the fit (EM's
         objective, which it maximizes exactly: there is no looser bound).
+    lower_bounds_ : ndarray of shape (n_iter_,)
+        ``lower_bound_`` after each EM iteration of the best run
+        (non-decreasing: EM never lowers it).
     mixture_ : dirmult_ext.DMMixture
         The package's fit (training responsibilities, the Laplace
         criterion, the objective's trace, every run's final value).
@@ -261,6 +266,7 @@ class DirichletMultinomialMixture(DensityMixin, BaseEstimator):
         self.converged_ = bool(m.converged)
         self.n_iter_ = int(m.n_iter)
         self.lower_bound_ = float(m.log_lik) / n
+        self.lower_bounds_ = np.asarray(m.log_lik_trace, dtype=np.float64) / n
         # the training rows' totals: ``sample``'s default totals
         self._row_totals = np.asarray(X.sum(axis=1)).ravel().astype(np.int64)
         if self.verbose >= 1:
