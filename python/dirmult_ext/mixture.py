@@ -425,9 +425,8 @@ def _check_mixture_args(k, n_init, n_screen, screen_iter, init, m_steps, tol, ma
         raise ValueError(f"n_screen must be a non-negative integer, got {n_screen!r}")
     if not isinstance(screen_iter, int) or screen_iter < 1:
         raise ValueError(f"screen_iter must be a positive integer, got {screen_iter!r}")
-    if isinstance(init, str) and init not in ("kmeans++", "random"):
-        raise ValueError(f"init must be 'kmeans++', 'random' or a (rows, k) array of "
-                         f"responsibilities, got {init!r}")
+    if init not in ("kmeans++", "random"):
+        raise ValueError(f"init must be 'kmeans++' or 'random', got {init!r}")
     if not isinstance(m_steps, int) or m_steps < 1:
         raise ValueError(f"m_steps must be a positive integer, got {m_steps!r}")
     _check_common("newton", tol, max_iter, min_alpha)
@@ -516,7 +515,9 @@ def fit_mixture(counts, k: Union[int, Iterable[int]], *, n_init: int = 3,
         with fit_threads(counts.shape[0] * counts.shape[1] * max(ks), _resolve_device(
                 counts, device)):
             return ModelSelection(fits=[fit_mixture(counts, kk, **kw) for kk in ks], ks=ks)
-    _check_mixture_args(k, n_init, n_screen, screen_iter, init, m_steps, tol, max_iter,
+    # (an array of initial responsibilities is checked against the counts below)
+    _check_mixture_args(k, n_init, n_screen, screen_iter,
+                        init if isinstance(init, str) else "random", m_steps, tol, max_iter,
                         min_alpha)
     k = int(k)
     prior = resolve_prior(prior)
