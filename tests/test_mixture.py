@@ -119,3 +119,23 @@ def test_cuda_mixture_matches_cpu():
     assert math.isclose(a.log_lik, b.log_lik, rel_tol=1e-8)
     torch.testing.assert_close(a.log_alpha, b.log_alpha, rtol=1e-5, atol=1e-5)
     assert torch.equal(a.predict(x), b.predict(x.cuda()).cpu())
+
+
+def test_init_from_responsibilities():
+    x, z, _ = separated_mixture(B=300, seed=3)
+    cold = fit_mixture(x, 3, n_init=1, n_screen=0, init="random", seed=1, tol=1e-10,
+                       max_iter=300)
+    assert cold.converged and cold.n_iter > 5
+    # from the converged fit's own responsibilities: one run, already at the optimum
+    warm = fit_mixture(x, 3, n_init=4, init=cold.responsibilities, tol=1e-10, max_iter=300)
+    assert len(warm.restart_log_liks) == 1
+    assert warm.n_iter <= 3, warm.n_iter
+    assert math.isclose(warm.log_lik, cold.log_lik, rel_tol=1e-9)
+    # from the true labels (softened), as a numpy array
+    R = 0.9 * np.eye(3)[z.numpy()] + 0.1 / 3
+    m = fit_mixture(x, 3, init=R)
+    assert adjusted_rand_index(m.predict(x).numpy(), z.numpy()) > 0.95
+    with pytest.raises(ValueError, match=r"init responsibilities must have shape \(300, 3\)"):
+        fit_mixture(x, 3, init=R[:, :2])
+    with pytest.raises(ValueError, match="summing to 1"):
+        fit_mixture(x, 3, init=2 * R)

@@ -30,7 +30,8 @@ class DMClassifier:
 
     After :meth:`fit`: ``classes_`` (numpy, sorted unique labels),
     ``log_alpha_`` ``(C, V)`` and ``log_prior_`` ``(C,)`` float64 CPU tensors,
-    ``converged_`` ``(C,)`` bools.
+    ``converged_`` ``(C,)`` bools, ``n_iter_`` the iterations taken (all
+    classes fitted together).
     """
 
     def __init__(self, *, prior: str = "empirical", min_alpha: float = 1e-3,
@@ -53,7 +54,7 @@ class DMClassifier:
         with fit_threads(counts.shape[0] * counts.shape[1] * C, dev):  # Note [Fit threads]
             pre = prepass(rows)
             eta0 = moment_init(pre, self.min_alpha)
-            eta, _, _, _, conv, _ = optimize(
+            eta, _, _, n_iter, conv, _ = optimize(
                 rows, eta0, pre, method=self.method, tol=self.tol,
                 gtol=0.01 * math.sqrt(self.tol), max_iter=self.max_iter,
                 min_alpha=self.min_alpha)
@@ -62,6 +63,7 @@ class DMClassifier:
         self.log_prior_ = ((n / n.sum()).log() if self.prior == "empirical"
                            else torch.full((C,), -math.log(C), dtype=torch.float64))
         self.converged_ = conv.cpu()
+        self.n_iter_ = int(n_iter)
         return self
 
     def _joint(self, counts) -> Tensor:

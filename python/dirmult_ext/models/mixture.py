@@ -303,9 +303,22 @@ def check_mixture_args(k, n_init, n_screen, screen_iter, init, m_steps, tol, max
     check_common("newton", tol, max_iter, min_alpha)
 
 
+def _initial_responsibilities(init, B: int, k: int, device) -> Tensor:
+    """``init`` as (B, k) float64 responsibilities on ``device``, checked."""
+    R = torch.as_tensor(np.asarray(init.detach().cpu() if isinstance(init, Tensor) else init,
+                                   dtype=np.float64))
+    if R.shape != (B, k):
+        raise ValueError(f"init responsibilities must have shape ({B}, {k}), "
+                         f"got {tuple(R.shape)}")
+    if not bool(torch.isfinite(R).all()) or bool((R < 0).any()) or not torch.allclose(
+            R.sum(-1), torch.ones(B, dtype=torch.float64), atol=1e-6):
+        raise ValueError("init responsibilities must be non-negative with rows summing to 1")
+    return R.to(device)
+
+
 def fit_mixture(counts, k: Union[int, Iterable[int]], *, n_init: int = 3,
                 max_iter: int = 200, tol: float = 1e-6, seed: Optional[int] = None,
-                progress: Optional[bool] = None, device=None, init: str = "kmeans++",
+                progress: Optional[bool] = None, device=None, init="kmeans++",
                 m_steps: int = 2, batch_size: Optional[int] = None,
                 min_alpha: float = 1e-6, prior=None, n_screen: int = 20,
                 screen_iter: int = 10) -> Union[DMMixture, ModelSelection]:
@@ -331,8 +344,12 @@ def fit_mixture(counts, k: Union[int, Iterable[int]], *, n_init: int = 3,
             large problems).
         device: where to compute (default ``counts.device``).
         init: ``"kmeans++"`` (seeds on the row proportions, hard assignment
-            softened) or ``"random"`` (Dirichlet(1) responsibilities,
-            :func:`random_responsibilities` of restart i's stream).
+            softened), ``"random"`` (Dirichlet(1) responsibilities,
+            :func:`random_responsibilities` of restart i's stream), or a
+            ``(B, k)`` array of initial responsibilities (rows summing to 1,
+            e.g. a previous fit's ``predict_proba``): one EM run from them,
+            ``n_init`` and ``n_screen`` ignored (the same start gives the
+            same run).
         m_steps: Newton iterations of the first M-step, after the initial
             responsibilities (later M-steps take one warm-started step).
         batch_size: stream the rows in batches (see :func:`dirmult_ext.fit`:
@@ -365,8 +382,10 @@ def fit_mixture(counts, k: Union[int, Iterable[int]], *, n_init: int = 3,
         with fit_threads(counts.shape[0] * counts.shape[1] * max(ks), resolve_device(
                 counts, device)):
             return ModelSelection(fits=[fit_mixture(counts, kk, **kw) for kk in ks], ks=ks)
-    check_mixture_args(k, n_init, n_screen, screen_iter, init, m_steps, tol, max_iter,
-                        min_alpha)
+    # (an array of initial responsibilities is checked against the counts below)
+    check_mixture_args(k, n_init, n_screen, screen_iter,
+                       init if isinstance(init, str) else "random", m_steps, tol, max_iter,
+                       min_alpha)
     k = int(k)
     prior = resolve_prior(prior)
     counts = as_counts(counts)
@@ -379,7 +398,13 @@ def fit_mixture(counts, k: Union[int, Iterable[int]], *, n_init: int = 3,
         prepass(rows)                          # validates; sets rows.N, rows.c
         gen = torch.Generator()
         gen.manual_seed(int(seed) if seed is not None else int(torch.seed() % (2 ** 63)))
-        if init == "kmeans++":
+        if not isinstance(init, str):
+            R0 = _initial_responsibilities(init, B, k, dev)
+            n_init, n_screen = 1, 0
+
+            def start(i):
+                return R0
+        elif init == "kmeans++":
             def start(i):
                 return kmeanspp(rows, k, gen)
         else:
