@@ -64,6 +64,7 @@ import torch
 from torch import Tensor
 
 from .api import log_lik, log_lik_components
+from .row_source import RowSource
 from .row_stream import auto_batch_size, matrix_bytes, stream_rows
 from .sparse import SparseCounts, as_sparse_counts, is_sparse_input
 from .sparse_stats import fit_moments
@@ -122,6 +123,11 @@ class DMFit:
 # input handling
 # ---------------------------------------------------------------------------
 def _as_counts(counts) -> Tensor:
+    if isinstance(counts, RowSource):  # (read a block at a time: streamed)
+        if len(counts.shape) != 2 or counts.shape[1] < 2:
+            raise ValueError(f"counts needs at least 2 categories (columns), got shape "
+                             f"{tuple(counts.shape)}")
+        return counts
     if is_sparse_input(counts):  # (kept sparse: every pass reads the nonzeros only)
         counts = as_sparse_counts(counts)
         if counts.shape[1] < 2:
@@ -184,8 +190,12 @@ class _Rows:
             raise ValueError(f"batch_size must be a positive integer or None, got {batch_size!r}")
         self.device = device
         self.B, self.V = counts.shape
+        #: whether the batches come as SparseCounts
+        self.sparse = isinstance(counts, SparseCounts) or (
+            isinstance(counts, RowSource) and counts.sparse)
         if batch_size is None:
-            batch_size = _auto_batch_size(counts, device)
+            batch_size = (counts.block_rows if isinstance(counts, RowSource)
+                          else _auto_batch_size(counts, device))
         #: whether the counts stay where they are and the batches move
         self.streaming = batch_size is not None
         self.batch_size = batch_size if batch_size is not None else max(self.B, 1)
@@ -595,7 +605,8 @@ def fit(counts, *, init=None, method: str = "newton", tol: float = 1e-8,
     Args:
         counts: ``(B, V)`` non-negative counts (torch tensor or numpy array;
             float32/float64 or integer; or sparse: a SparseCounts, torch or
-            scipy sparse matrix). Rows with zero total contribute nothing.
+            scipy sparse matrix; or a :class:`~dirmult_ext.row_source.RowSource`,
+            read a block at a time). Rows with zero total contribute nothing.
             Stays where it is when streaming.
         init: starting concentrations ``(V,)`` (positive), or None /
             ``"moments"`` for the method-of-moments estimate.

@@ -187,7 +187,7 @@ def _kmeanspp_centers(rows: _Rows, k: int, gen: torch.Generator) -> Tensor:
     """k-means++ seeds among the row proportions n / N (rows with N > 0),
     (k, V) float64 dense."""
     dev, B = rows.device, rows.B
-    sparse_rows = isinstance(rows.counts, SparseCounts)
+    sparse_rows = rows.sparse
 
     def seed_props(s):
         x = _row_props(rows, s, s + 1)
@@ -220,7 +220,7 @@ def _nearest_resp(rows: _Rows, centers: Tensor) -> Tensor:
     R = torch.empty(rows.B, k, dtype=torch.float64, device=rows.device)
     for s, e, cb in rows.count_batches():
         x = _props(rows, cb, s, e)
-        nearest = (sq_distances(x, centers) if isinstance(rows.counts, SparseCounts)
+        nearest = (sq_distances(x, centers) if rows.sparse
                    else torch.cdist(x, centers)).argmin(-1)
         R[s:e] = torch.nn.functional.one_hot(nearest, k).to(torch.float64)
     return 0.9 * R + 0.1 / k if k > 1 else R
@@ -441,7 +441,8 @@ def fit_mixture(counts, k: Union[int, Iterable[int]], *, n_init: int = 3,
     """Fit a K-component Dirichlet-multinomial mixture by EM.
 
     Args:
-        counts: ``(B, V)`` non-negative counts (tensor or numpy array).
+        counts: ``(B, V)`` non-negative counts (tensor or numpy array; the
+            sparse forms and the RowSource :func:`dirmult_ext.fit` takes).
         k: number of components (>= 1), or several (``range(1, 8)``): each
             is fitted (with the same ``seed``) and a
             :class:`~dirmult_ext.criteria.ModelSelection` is returned, with

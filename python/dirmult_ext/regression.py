@@ -78,6 +78,7 @@ from .regression_data import (INTERCEPT, PENALTIES, Reducer, _as_covariates, _as
 from .regression_module import DirichletMultinomialRegression
 from .regression_optim import _Problem, _lbfgs, _prox_lbfgs
 from .regression_result import DMRegressionFit, _p_value
+from .row_source import RowSource
 from .regression_se import MAX_EXACT_SE_PARAMS, _cg_variances, _exact_cov, _rows_for, _transform
 from .threads import fit_threads
 
@@ -96,8 +97,8 @@ def fit_regression(counts, X, *, bias: bool = True, penalty: Optional[str] = Non
 
     Args:
         counts: ``(B, V)`` non-negative counts (tensor, numpy array, or the
-            sparse forms :func:`dirmult_ext.fit` takes, densified a batch at
-            a time). Rows with zero total add nothing.
+            sparse forms and the RowSource :func:`dirmult_ext.fit` takes,
+            densified a batch at a time). Rows with zero total add nothing.
         X: ``(B, P)`` numeric, finite covariates (a ``(B,)`` vector is one
             covariate). Categorical covariates must be coded as numbers.
         bias: fit a per-category intercept (never penalized).
@@ -172,6 +173,8 @@ def fit_regression(counts, X, *, bias: bool = True, penalty: Optional[str] = Non
         rank0 = dist.get_rank(g) == 0
 
     counts = _as_dense_counts(counts)
+    if isinstance(counts, RowSource) and batch_size is None:  # read a block at a time
+        batch_size = counts.block_rows
     B, V = counts.shape
     X = _as_covariates(X, B)
     P = X.shape[1]

@@ -1,0 +1,1 @@
+"""Interfaces to other libraries: each module imports its library only when used."""
