@@ -136,8 +136,12 @@ def _sample(m) -> np.ndarray:
     """About :data:`_SAMPLE_VALUES` stored values of ``m``, without
     densifying it or reading a backed one whole."""
     B, V = (int(s) for s in m.shape)
-    if _is_backed(m):
-        m = m[0:min(B, max(1, _SAMPLE_VALUES // max(V, 1)))]
+    if _is_backed(m):                                       # the first rows
+        per_row = V
+        group = getattr(m, "group", None) if _is_backed_sparse(m) else None
+        if group is not None and "data" in group:
+            per_row = max(1, int(group["data"].shape[0]) // max(B, 1))
+        m = m[0:min(B, max(1, _SAMPLE_VALUES // per_row))]
     if hasattr(m, "tocsr"):                                 # scipy sparse
         data = np.asarray(m.data)                           # the stored values
         if data.size > _SAMPLE_VALUES:
