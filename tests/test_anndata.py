@@ -251,9 +251,9 @@ def test_backed_file_read_in_blocks(ad, sp, tools, tmp_path, monkeypatch):
         monkeypatch.setattr(tools, "_SAMPLE_VALUES", 200)
         monkeypatch.setattr(h5py.Dataset, "__getitem__", spy)
         s = seed()
-        tools.dm_mixture(backed, 3, n_init=1, random_state=s, batch_size=block)
+        tools.dm_mixture(backed, 3, n_init=1, n_screen=4, random_state=s, batch_size=block)
         monkeypatch.setattr(h5py.Dataset, "__getitem__", get)
-        mix = fit_mixture(X, 3, n_init=1, seed=s, batch_size=block)
+        mix = fit_mixture(X, 3, n_init=1, n_screen=4, seed=s, batch_size=block)
         assert_mixture_written(backed, mix)
         matrix = ["/X/data", "/X/indices"] if fmt == "csr" else ["/X"]
         sizes = [n for name, n in reads if name in matrix]
