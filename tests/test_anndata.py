@@ -113,6 +113,8 @@ def test_mixture_layer_and_raw(ad, sp, tools):
         tools.dm_mixture(adata, 2, layer="nope")
     with pytest.raises(ValueError, match="not both"):
         tools.dm_mixture(adata, 2, layer="counts", use_raw=True)
+    with pytest.raises(ValueError, match="n_components must be a positive integer"):
+        tools.dm_mixture(adata, [2, 3], layer="counts")
     with pytest.raises(ValueError, match="adata.raw is None"):
         tools.dm_mixture(ad.AnnData(X=counts), 2, use_raw=True)
 

@@ -334,6 +334,11 @@ def dm_mixture(adata, n_components: int, *, layer: Optional[str] = None,
     """
     _start(adata, copy)
     _no_seed(fit_kwargs)
+    if isinstance(n_components, bool) or not isinstance(n_components, (int, np.integer)) \
+            or n_components < 1:
+        raise ValueError(f"n_components must be a positive integer, got {n_components!r} "
+                         "(to choose K, call once per K with its own key_added and compare "
+                         "their uns[key]['bic'])")
     counts, var_names, source = _counts(adata, layer, use_raw)
     mix = fit_mixture(counts, n_components, seed=random_state, **fit_kwargs)
     import pandas as pd
