@@ -8,8 +8,7 @@ import time
 import torch
 
 from .. import build_info
-from ..likelihood.sparse import log_lik
-from ..likelihood.log_lik import reference_log_lik
+from ..likelihood.log_lik import log_lik, reference_log_lik
 
 
 def _time(fn, device, reps=20):

@@ -19,6 +19,7 @@ from typing import Iterator, List, Optional, Tuple
 import torch
 from torch import Tensor
 
+from .counts import RowSource
 from .sparse_counts import SparseCounts
 
 __all__ = ["stream_rows", "auto_batch_size", "matrix_bytes", "batch_bounds",
@@ -125,7 +126,8 @@ def stream_rows(counts, device, batch_size: int, *,
                 staged: Optional[bool] = None) -> Iterator[Tuple[int, int, object]]:
     """Yield ``(start, stop, block)`` for the row blocks of ``batch_size``
     rows of ``counts`` (a dense ``(B, V)`` tensor or a SparseCounts), in
-    order, each block on ``device``. ``staged`` (default: when ``device`` is
+    order, each block on ``device`` (or a :class:`~dirmult_ext.data.counts.RowSource`,
+    whose blocks are read and moved unstaged). ``staged`` (default: when ``device`` is
     CUDA and the counts are on the CPU) sends the blocks through pinned
     staging buffers on a copy stream, block i + 1 in flight while block i is
     worked on (Note [Row streaming]); ``staged=True`` on a CPU device runs
@@ -134,6 +136,8 @@ def stream_rows(counts, device, batch_size: int, *,
     bounds = batch_bounds(counts.shape[0], batch_size)
     if staged is None:
         staged = device.type == "cuda" and counts.device.type == "cpu"
+    if isinstance(counts, RowSource):  # blocks made as read: nothing to stage from
+        staged = False
     if not staged:
         for s, e in bounds:
             yield s, e, counts[s:e].to(device, non_blocking=True)

@@ -10,7 +10,8 @@ from torch import Tensor
 
 from ..data.threads import fit_threads
 from .arg_checks import check_labels
-from .engine import (Rows, as_counts, check_common, component_log_lik, moment_init, optimize,
+from ..data.counts import as_counts
+from .engine import (Rows, check_common, component_log_lik, moment_init, optimize,
                      prepass, resolve_device)
 
 __all__ = ["DMClassifier"]

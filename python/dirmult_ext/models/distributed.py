@@ -24,7 +24,8 @@ import torch.distributed as dist
 from torch import Tensor
 
 from .fit import DMFit, fit_rows
-from .engine import as_counts, as_weights, check_common, Rows
+from ..data.counts import as_counts
+from .engine import as_weights, check_common, Rows
 from .collective import all_reduce_sum
 from ..data.sparse_counts import SparseCounts, as_sparse_counts, is_sparse_input
 

@@ -22,7 +22,8 @@ from torch import Tensor
 
 from .criteria import resolve_prior
 from .collective import all_reduce_sum
-from .engine import Rows, as_counts, default_progress, prepass
+from ..data.counts import as_counts
+from .engine import Rows, default_progress, prepass
 from .mixture import DMMixture, best_run, check_mixture_args, mixture_result
 from .starts import kmeanspp_centers, nearest_resp, random_responsibilities
 from ..data.sparse_counts import SparseCounts, as_sparse_counts, is_sparse_input

@@ -62,17 +62,18 @@ import warnings
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-import numpy as np
 import torch
 from torch import Tensor
 
 from ..likelihood.log_lik import log_lik, log_lik_components
 from .arg_checks import check_device
+from ..data.counts import as_counts
+from ..data.counts import RowSource
 from ..data.row_stream import auto_batch_size, matrix_bytes, stream_rows
-from ..data.sparse_counts import SparseCounts, as_sparse_counts, is_sparse_input
+from ..data.sparse_counts import SparseCounts
 from ..likelihood.sparse_stats import fit_moments
 
-__all__ = ["Rows", "Pre", "Stats", "Reducer", "identity", "as_counts", "as_weights",
+__all__ = ["Rows", "Pre", "Stats", "Reducer", "identity", "as_weights",
            "resolve_device", "prepass", "row_stats", "moment_init", "newton_step",
            "fixed_point_step", "optimize", "init_eta", "check_common", "default_progress",
            "MAX_ALPHA", "HALVINGS", "component_log_lik"]
@@ -91,31 +92,6 @@ def identity(t: Tensor) -> Tensor:
 # ---------------------------------------------------------------------------
 # input handling
 # ---------------------------------------------------------------------------
-def as_counts(counts) -> Tensor:
-    if is_sparse_input(counts):  # (kept sparse: every pass reads the nonzeros only)
-        counts = as_sparse_counts(counts)
-        if counts.shape[1] < 2:
-            raise ValueError(f"counts needs at least 2 categories (columns), got {counts.shape[1]}")
-        return counts
-    if isinstance(counts, np.ndarray):
-        counts = torch.from_numpy(np.ascontiguousarray(counts))
-    if not isinstance(counts, Tensor):
-        raise TypeError(f"counts must be a torch.Tensor or numpy array, "
-                        f"got {type(counts).__name__}")
-    if counts.dim() != 2:
-        raise ValueError(f"counts must be a (rows, categories) matrix, got shape "
-                         f"{tuple(counts.shape)}")
-    if counts.shape[1] < 2:
-        raise ValueError(f"counts needs at least 2 categories (columns), got {counts.shape[1]}")
-    if counts.dtype == torch.bool:
-        counts = counts.to(torch.uint8)
-    if counts.is_floating_point() and counts.dtype not in (torch.float32, torch.float64):
-        counts = counts.to(torch.float32)
-    if counts.dtype in (torch.int8, torch.int16):
-        counts = counts.to(torch.int32)
-    return counts
-
-
 def _auto_batch_size(counts, device: torch.device) -> Optional[int]:
     """Rows per batch when host counts are too large for the CUDA device's
     free memory (:func:`~dirmult_ext.data.row_stream.auto_batch_size`), else None."""
@@ -154,8 +130,12 @@ class Rows:
             raise ValueError(f"batch_size must be a positive integer or None, got {batch_size!r}")
         self.device = device
         self.B, self.V = counts.shape
+        #: whether the batches come as SparseCounts
+        self.sparse = isinstance(counts, SparseCounts) or (
+            isinstance(counts, RowSource) and counts.sparse)
         if batch_size is None:
-            batch_size = _auto_batch_size(counts, device)
+            batch_size = (counts.block_rows if isinstance(counts, RowSource)
+                          else _auto_batch_size(counts, device))
         #: whether the counts stay where they are and the batches move
         self.streaming = batch_size is not None
         self.batch_size = batch_size if batch_size is not None else max(self.B, 1)

@@ -10,7 +10,8 @@ from typing import List, Optional
 from torch import Tensor
 
 from ..data.threads import fit_threads
-from .engine import (Reducer, Rows, as_counts, as_weights, check_common, default_progress,
+from ..data.counts import as_counts
+from .engine import (Reducer, Rows, as_weights, check_common, default_progress,
                      identity, init_eta, optimize, prepass, resolve_device)
 
 __all__ = ["fit", "DMFit", "fit_rows"]

@@ -36,7 +36,8 @@ from torch import Tensor
 
 from .criteria import (GammaPrior, ModelSelection, add_prior, criteria, hessian_parts,
                        log_det_hessian, resolve_prior)
-from .engine import (HALVINGS, MAX_ALPHA, Reducer, Rows, as_counts, check_common, component_log_lik,
+from ..data.counts import as_counts
+from .engine import (HALVINGS, MAX_ALPHA, Reducer, Rows, check_common, component_log_lik,
                      default_progress, fixed_point_step, identity, moment_init, newton_step, optimize,
                      prepass, resolve_device, row_stats)
 from .arg_checks import check_k, check_seed
@@ -325,7 +326,8 @@ def fit_mixture(counts, k: Union[int, Iterable[int]], *, n_init: int = 3,
     """Fit a K-component Dirichlet-multinomial mixture by EM.
 
     Args:
-        counts: ``(B, V)`` non-negative counts (tensor or numpy array).
+        counts: ``(B, V)`` non-negative counts (tensor or numpy array; the
+            sparse forms and the RowSource :func:`dirmult_ext.fit` takes).
         k: number of components (>= 1), or several (``range(1, 8)``): each
             is fitted (with the same ``seed``) and a
             :class:`~dirmult_ext.models.criteria.ModelSelection` is returned, with

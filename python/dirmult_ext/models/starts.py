@@ -33,7 +33,7 @@ def kmeanspp_centers(rows: Rows, k: int, gen: torch.Generator) -> Tensor:
     """k-means++ seeds among the row proportions n / N (rows with N > 0),
     (k, V) float64 dense."""
     dev, B = rows.device, rows.B
-    sparse_rows = isinstance(rows.counts, SparseCounts)
+    sparse_rows = rows.sparse
 
     def seed_props(s):
         x = _row_props(rows, s, s + 1)
@@ -66,7 +66,7 @@ def nearest_resp(rows: Rows, centers: Tensor) -> Tensor:
     R = torch.empty(rows.B, k, dtype=torch.float64, device=rows.device)
     for s, e, cb in rows.count_batches():
         x = _props(rows, cb, s, e)
-        nearest = (sq_distances(x, centers) if isinstance(rows.counts, SparseCounts)
+        nearest = (sq_distances(x, centers) if rows.sparse
                    else torch.cdist(x, centers)).argmin(-1)
         R[s:e] = torch.nn.functional.one_hot(nearest, k).to(torch.float64)
     return 0.9 * R + 0.1 / k if k > 1 else R

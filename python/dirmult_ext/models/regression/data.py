@@ -70,7 +70,7 @@ def as_covariates(X, B: Optional[int], P: Optional[int] = None, name: str = "X")
 
 def as_dense_counts(counts):
     """A (B, V) counts tensor, or SparseCounts (densified a batch at a time)."""
-    from ..engine import as_counts
+    from ...data.counts import as_counts
     return as_counts(counts)
 
 

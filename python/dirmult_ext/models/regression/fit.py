@@ -79,6 +79,7 @@ from .module import DirichletMultinomialRegression
 from .optim import Problem, lbfgs, prox_lbfgs
 from .result import DMRegressionFit, p_value
 from .se import MAX_EXACT_SE_PARAMS, cg_variances, exact_cov, rows_for, standardized_to_original
+from ...data.counts import RowSource
 from ...data.threads import fit_threads
 
 __all__ = ["fit_regression", "DMRegressionFit", "DirichletMultinomialRegression",
@@ -96,8 +97,8 @@ def fit_regression(counts, X, *, bias: bool = True, penalty: Optional[str] = Non
 
     Args:
         counts: ``(B, V)`` non-negative counts (tensor, numpy array, or the
-            sparse forms :func:`dirmult_ext.fit` takes, densified a batch at
-            a time). Rows with zero total add nothing.
+            sparse forms and the RowSource :func:`dirmult_ext.fit` takes,
+            densified a batch at a time). Rows with zero total add nothing.
         X: ``(B, P)`` numeric, finite covariates (a ``(B,)`` vector is one
             covariate). Categorical covariates must be coded as numbers.
         bias: fit a per-category intercept (never penalized).
@@ -173,6 +174,8 @@ def fit_regression(counts, X, *, bias: bool = True, penalty: Optional[str] = Non
         rank0 = dist.get_rank(g) == 0
 
     counts = as_dense_counts(counts)
+    if isinstance(counts, RowSource) and batch_size is None:  # read a block at a time
+        batch_size = counts.block_rows
     B, V = counts.shape
     X = as_covariates(X, B)
     P = X.shape[1]
