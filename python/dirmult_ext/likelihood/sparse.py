@@ -65,7 +65,7 @@ def log_lik(counts, log_alpha: Optional[Tensor] = None, alpha: Optional[Tensor] 
             "(K, V) components take log_lik_components")
     if transforms_active():
         return transforms.log_lik_csr(sc.crow_indices, sc.col_indices, sc.values, log_alpha,
-                                      normalize)
+                                      normalize, sc.csc())
     if single_pass_applies(sc.values, log_alpha, sc.shape[0]):
         return CsrSinglePass.apply(sc.crow_indices, sc.col_indices, sc.values, log_alpha,
                                     normalize)
@@ -85,6 +85,6 @@ def log_lik_components(counts, log_alpha: Tensor, *, normalize: bool = False,
                          f"{MAX_CUDA_COMPONENTS} components, got {log_alpha.shape[0]}")
     if transforms_active():
         return transforms.log_lik_csr(sc.crow_indices, sc.col_indices, sc.values, log_alpha,
-                                      normalize)
+                                      normalize, sc.csc())
     _keep_csc(sc, log_alpha)
     return ops.log_lik_csr(sc.crow_indices, sc.col_indices, sc.values, log_alpha, normalize)

@@ -38,7 +38,6 @@ from __future__ import annotations
 import torch
 
 from . import second_derivatives
-from .csr import csc_parts
 from .library import ops
 
 __all__ = ["log_lik", "log_lik_components", "log_lik_regression", "log_lik_csr"]
@@ -510,28 +509,27 @@ class _Csr(torch.autograd.Function):
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(crow, col, values, log_alpha, normalize):
+    def forward(crow, col, values, log_alpha, normalize, ptr, rows, csc_values):
         return ops.log_lik_csr(crow, col, values, log_alpha, normalize)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
         ctx.set_materialize_grads(False)  # (tangents of non-dual inputs arrive as None)
-        crow, col, values, log_alpha, normalize = inputs
-        ctx.save_for_backward(crow, col, values, log_alpha)
+        crow, col, values, log_alpha, normalize, ptr, rows, csc_values = inputs
+        ctx.save_for_backward(crow, values, log_alpha, ptr, rows, csc_values)
         ctx.save_for_forward(crow, col, values, log_alpha)
 
     @staticmethod
     def backward(ctx, grad):
-        crow, col, values, log_alpha = ctx.saved_tensors
+        crow, values, log_alpha, ptr, rows, csc_values = ctx.saved_tensors
         if ctx.needs_input_grad[2]:
             raise NotImplementedError("dirmult: log_lik_csr has no gradient with respect to "
                                       "the counts' values (only the concentrations')")
-        ptr, rows, csc_values = csc_parts(crow, col, values, log_alpha.shape[-1])
-        return None, None, None, _CsrBackward.apply(grad, crow, values, ptr, rows, csc_values,
-                                                    log_alpha), None
+        return (None, None, None, _CsrBackward.apply(grad, crow, values, ptr, rows, csc_values,
+                                                     log_alpha), None, None, None, None)
 
     @staticmethod
-    def jvp(ctx, t_crow, t_col, t_values, t_la, _normalize):
+    def jvp(ctx, t_crow, t_col, t_values, t_la, _normalize, _ptr, _rows, _csc_values):
         # Over the nonzeros: out[b] = sum_j lnpoch(a[col_j], val_j) - lnpoch(A, N_b), so
         # d out[b] = sum_j adpoch(a[col_j], val_j) t[col_j] - adpoch(A, N_b) sum_v a_v t_v / A.
         crow, col, values, log_alpha = ctx.saved_tensors
@@ -572,6 +570,7 @@ def log_lik_regression(counts, X, W, bias, normalize: bool):
     return _Regression.apply(counts, X, W, bias, normalize)
 
 
-def log_lik_csr(crow, col, values, log_alpha, normalize: bool):
-    """dirmult::log_lik_csr under the transforms."""
-    return _Csr.apply(crow, col, values, log_alpha, normalize)
+def log_lik_csr(crow, col, values, log_alpha, normalize: bool, csc):
+    """dirmult::log_lik_csr under the transforms; csc: the column-sorted
+    copy of the parts (csr.csc_parts) the gradient reads."""
+    return _Csr.apply(crow, col, values, log_alpha, normalize, *csc)
