@@ -10,8 +10,10 @@ import torch
 from torch import Tensor
 
 from ..data.sparse_counts import MAX_CUDA_COMPONENTS, SparseCounts, as_sparse_counts
+from ..ops import transforms
 from ..ops.csr import CsrSinglePass, single_pass_applies
 from ..ops import checks
+from ..ops.dispatch import transforms_active
 from ..ops.library import ops
 
 __all__ = ["log_lik", "log_lik_components"]
@@ -64,6 +66,9 @@ def log_lik(counts, log_alpha: Optional[Tensor] = None, alpha: Optional[Tensor] 
             f"with sparse counts {name} must be shared, shape ({V},); got "
             f"{tuple(log_alpha.shape)}. Per-sample (B, V) concentrations take dense counts; "
             "(K, V) components take log_lik_components")
+    if transforms_active():
+        return transforms.log_lik_csr(sc.crow_indices, sc.col_indices, sc.values, log_alpha,
+                                      normalize, sc.csc())
     if single_pass_applies(sc.values, log_alpha, sc.shape[0]):
         return CsrSinglePass.apply(sc.crow_indices, sc.col_indices, sc.values, log_alpha,
                                     normalize)
@@ -81,5 +86,8 @@ def log_lik_components(counts, log_alpha: Tensor, *, normalize: bool = False,
     if log_alpha.is_cuda and log_alpha.shape[0] > MAX_CUDA_COMPONENTS:
         raise ValueError(f"with sparse counts on CUDA, log_alpha may have at most "
                          f"{MAX_CUDA_COMPONENTS} components, got {log_alpha.shape[0]}")
+    if transforms_active():
+        return transforms.log_lik_csr(sc.crow_indices, sc.col_indices, sc.values, log_alpha,
+                                      normalize, sc.csc())
     _keep_csc(sc, log_alpha)
     return ops.log_lik_csr(sc.crow_indices, sc.col_indices, sc.values, log_alpha, normalize)

@@ -26,7 +26,7 @@ import os
 import torch
 
 __all__ = ["FAST_PATH", "call", "run", "run_backward", "eager", "is_uniform",
-           "checked_kernel", "past_checks"]
+           "checked_kernel", "past_checks", "transforms_active"]
 
 try:
     from torch._C import DispatchKey, DispatchKeySet
@@ -61,6 +61,13 @@ def eager() -> bool:
     if not FAST_PATH:
         return False
     return not _is_compiling() and not _FUNCTORCH_ACTIVE()
+
+
+def transforms_active() -> bool:
+    """A torch.func transform (grad, vmap, jvp, ...) is active and this is
+    not a torch.compile trace: the public functions then call the ops
+    through .transforms (Note [torch.func])."""
+    return not _is_compiling() and torch._C._are_functorch_transforms_active()
 
 
 def _kernel_keys(tensors):

@@ -30,6 +30,8 @@ backward raises when counts require grad.
 """
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 
 from .library import ops
@@ -186,3 +188,29 @@ torch.library.register_autograd("dirmult::log_lik_components_backward",
 @torch.library.register_fake("dirmult::poch_terms")
 def _poch_terms_fake(log_alpha, n):
     return torch.empty_like(log_alpha), torch.empty_like(log_alpha)
+
+
+# ------------------------------------------------ the formulas, as functions
+# For .transforms, whose autograd.Functions under the torch.func transforms
+# call the same formulas outside a registered op's autograd context.
+def counts_error(op: str) -> NotImplementedError:
+    """The error of a second derivative with respect to counts."""
+    return _counts_error(op)
+
+
+def log_lik_double_backward(w, grad, counts, log_alpha, normalize, need_grad, need_la):
+    """(d_grad, d_log_alpha) of log_lik_backward's formula above for the
+    incoming gradient w of grad_log_alpha (None where not needed)."""
+    ctx = SimpleNamespace(saved_tensors=(grad, counts, log_alpha), normalize=normalize,
+                          counts_grad=False,
+                          needs_input_grad=(need_grad, False, need_la, False, False))
+    d_grad, _, d_la, _, _ = _log_lik_double_backward(ctx, w, None)
+    return d_grad, d_la
+
+
+def components_double_backward(w, grad, counts, log_alpha, need_grad, need_la):
+    """(d_grad, d_log_alpha) of log_lik_components_backward's formula above."""
+    ctx = SimpleNamespace(saved_tensors=(grad, counts, log_alpha),
+                          needs_input_grad=(need_grad, False, need_la))
+    d_grad, _, d_la = _components_double_backward(ctx, w)
+    return d_grad, d_la
