@@ -261,7 +261,7 @@ def main(argv=None) -> int:
                   "DirichletMultinomial::dmn defines them (lower is better, half the usual "
                   "BIC/AIC scale; log-lik: the normalized pmf):")
             print(selection.format_table())
-            print(f"chosen k = {k} (Laplace, as dmn chooses)")
+            print(f"chosen k = {k} (Laplace)")
             from .advice import criteria_advice
             for line in criteria_advice({c: selection.chosen(c) for c in ("laplace", "bic",
                                                                           "aic")},
