@@ -111,6 +111,11 @@ class CMakeBuild(build_ext):
             pass
         jobs = os.environ.get("DIRMULT_BUILD_JOBS", str(os.cpu_count() or 1))
         self._cmake_output_dir = extdir
+        # pip shows this (and CMake's "dirmult:" lines, then one line per
+        # compiled file) with -v; without it, the build is one spinner.
+        print("dirmult_ext: building the C++ ops" + (f" and CUDA kernels (nvcc {NVCC})" if NVCC
+              else " (CPU only)") + f" with CMake in {build_temp}, {jobs} parallel jobs",
+              file=sys.stderr, flush=True)
         subprocess.run(["cmake", str(ROOT), *args], cwd=build_temp, check=True)
         subprocess.run(["cmake", "--build", ".", "--parallel", jobs], cwd=build_temp, check=True)
 

@@ -129,3 +129,74 @@ def test_prior_and_k_errors():
         fit_mixture(x, [2, 2])
     with pytest.raises(ValueError, match="k"):
         fit_mixture(x, True)
+
+
+def dmn_c_hessian(x, lam, pi, weighted):
+    """DirichletMultinomial's C hessian() (dirichlet_fit_main.c) as written
+    there, a dense V x V matrix in float64 with scipy's psi functions.
+    weighted=False: dmn's sums adCJK0/adCJK (psi(alpha + n) where pi > 0 and
+    n > 0, else psi(alpha), unweighted); True: every per-row term times pi."""
+    from scipy.special import digamma, polygamma
+    x, a, pi = x.double().numpy(), lam.exp().numpy(), pi.numpy()
+    B, V = x.shape
+    A = a.sum()
+    H = np.empty((V, V))
+    cjk0, cjk, ajk0, ajk = (np.zeros(V) for _ in range(4))
+    for j in range(V):
+        for i in range(B):
+            n = x[i, j]
+            if weighted:
+                cjk0[j] += pi[i] * digamma(a[j] + n)
+                cjk[j] += pi[i] * polygamma(1, a[j] + n)
+            else:
+                cjk0[j] += digamma(a[j] + n) if (pi[i] and n) else digamma(a[j])
+                cjk[j] += polygamma(1, a[j] + n) if (pi[i] and n) else polygamma(1, a[j])
+            ajk0[j] += pi[i] * digamma(a[j])
+            ajk[j] += pi[i] * polygamma(1, a[j])
+    w = pi.sum()
+    ck = sum(pi[i] * polygamma(1, A + x[i].sum()) for i in range(B))
+    ck0 = sum(pi[i] * digamma(A + x[i].sum()) for i in range(B))
+    ak, ak0 = w * polygamma(1, A), w * digamma(A)
+    for i in range(V):
+        for j in range(V):
+            if i == j:
+                H[i, j] = (-a[i] * (ak0 - ck0 + cjk0[i] - ajk0[i])
+                           - a[i] * a[i] * (ak - ck + cjk[i] - ajk[i]) + a[i] * NU)
+            else:
+                H[i, j] = -a[i] * a[j] * (ak - ck)
+    return H
+
+
+def dmn_c_laplace(x, m, weighted):
+    """dmn's fit_laplace from the hessian above (components in m's order)."""
+    B, V = x.shape
+    K = m.n_components
+    R = m.responsibilities
+    logdet = 0.0
+    for k in range(K):
+        if k > 0:
+            logdet += 2 * math.log(B) - math.log(float(R[:, k].sum()))
+        logdet += np.linalg.slogdet(dmn_c_hessian(x, m.log_alpha[k], R[:, k], weighted))[1]
+    p = K * V + K - 1
+    nle = -(m.log_lik + m.log_prior)
+    return nle + 0.5 * logdet - 0.5 * p * math.log(2 * math.pi)
+
+
+def test_dmn_laplace_compatibility_value():
+    """dmn_laplace reproduces dmn's C formula (unweighted per-row psi sums);
+    the mixture's own laplace stays the weighted one, and the two differ
+    for k = 2 (they coincide for k = 1, where every responsibility is 1)."""
+    pytest.importorskip("scipy", reason="the reference psi functions come from scipy")
+    from dirmult_ext.models.dmn_compat import dmn_laplace
+    B, V, K = 60, 4, 2
+    x, _, _ = separated_mixture(B=B, V=V * 2, K=K, seed=int(torch.randint(0, 10**6, ())))
+    x = x[:, :V]                                   # overlapping components
+    m = fit_mixture(x, K, seed=2, prior="dmn", n_init=1)
+    weighted, dmn = dmn_c_laplace(x, m, True), dmn_c_laplace(x, m, False)
+    assert math.isclose(m.laplace, weighted, rel_tol=1e-8), (m.laplace, weighted)
+    assert math.isclose(dmn_laplace(m, x), dmn, rel_tol=1e-8), (dmn_laplace(m, x), dmn)
+    assert abs(dmn - weighted) > 1e-3 * abs(weighted) or abs(dmn - weighted) > 1.0
+    m1 = fit_mixture(x, 1, prior="dmn")
+    assert math.isclose(dmn_laplace(m1, x), m1.laplace, rel_tol=1e-9)
+    with pytest.raises(ValueError, match="counts"):
+        dmn_laplace(m, x[:10])

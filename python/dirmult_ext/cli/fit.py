@@ -90,6 +90,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--index-col", action=argparse.BooleanOptionalAction, default=None,
                    help="the text file's first column holds names (default: when it is not "
                         "numeric)")
+    p.add_argument("--allow-fractional", action="store_true",
+                   help="accept non-integer counts (e.g. 0.5), fitted through the DM's "
+                        "Gamma-function extension to real counts (default: an error naming "
+                        "the first one)")
     p.add_argument("--device", default="auto", help="auto (default), cpu, cuda, cuda:N")
     p.add_argument("--out", help="save the results: a .npz file (with the tables as .csv "
                    "beside it) or a directory (dmm.npz, dmm_*.csv); default: not saved")
@@ -119,7 +123,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="stream rows in batches of N from host memory (default: all at "
                         "once, or streamed when the matrix exceeds half the free GPU memory)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                   help="progress bars (default: when stderr is a terminal and the fit is long)")
+                   help="report the iterations on stderr: a tqdm bar, or plain lines "
+                        "without tqdm (default: when stderr is a terminal, once a fit has "
+                        "taken 2 s)")
     return p
 
 
@@ -192,7 +198,7 @@ def _main(argv) -> int:
             # (sparse files stay sparse)
             counts, sample_names, feature_names, transposed = load_count_table(
                 args.file, samples_in_columns=args.samples_in_columns,
-                index_col=args.index_col)
+                index_col=args.index_col, require_integer=not args.allow_fractional)
             source = args.file
             ks = [1] if args.k is None else parse_k(args.k)
             if args.labels:
@@ -213,6 +219,8 @@ def _main(argv) -> int:
         print(f"dirmult-ext fit: error: {e}", file=sys.stderr)
         return 2
     except (ValueError, FileNotFoundError) as e:
+        if "non-integer count" in str(e) and not args.allow_fractional:
+            e = f"{e}; counts are whole numbers (--allow-fractional fits real values)"
         print(f"dirmult-ext fit: error: {e}", file=sys.stderr)
         return 2
 
@@ -278,9 +286,11 @@ def _main(argv) -> int:
                   "BIC/AIC scale; log-lik: the normalized pmf):")
             print(selection.format_table())
             print(f"chosen k = {k} (Laplace)")
-            if k == max(ks) and len(ks) > 2:
-                print(f"  the lowest Laplace criterion is at k = {k}, the largest fitted: "
-                      f"a larger k may fit better (e.g. --k {k}-{k + 4})")
+            from .advice import criteria_advice
+            for line in criteria_advice({c: selection.chosen(c) for c in ("laplace", "bic",
+                                                                          "aic")},
+                                        ks, prior is not None):
+                print(f"  {line}")
         else:
             m = fitted
         mixture = m

@@ -24,15 +24,26 @@ from typing import List, Optional
 import numpy as np
 import torch
 
+from ..data.orientation import ORIENTATION_HINT
+
 __all__ = ["main", "match_samples"]
 
 
 def match_samples(sample_names: List[str], counts_named: bool,
-                  cov_names: Optional[List[str]], n_cov: int, cov_path: str) -> np.ndarray:
+                  cov_names: Optional[List[str]], n_cov: int, cov_path: str,
+                  feature_names: Optional[List[str]] = None) -> np.ndarray:
     """Row indices into the covariates for each counts sample: by name when
     both have names (counts without a name column count as named "1", "2",
-    ... when the covariates name every one of those), else by order."""
+    ... when the covariates name every one of those), else by order. The
+    errors say how to set the counts' orientation; ``feature_names`` (the
+    counts' column names) lets them say when the columns are the samples."""
     B = len(sample_names)
+    flip = ORIENTATION_HINT
+    if cov_names is not None and feature_names is not None and \
+            set(feature_names) & set(cov_names):
+        flip = (f"the counts' columns are named like {cov_path}'s rows: the file holds one "
+                "sample per column; pass --samples-in-columns (in Python: "
+                "samples_in_columns=True)")
     if cov_names is not None and (counts_named or set(sample_names) <= set(cov_names)):
         where = {}
         for i, s in enumerate(cov_names):
@@ -43,12 +54,13 @@ def match_samples(sample_names: List[str], counts_named: bool,
         if missing:
             shown = ", ".join(repr(s) for s in missing[:5])
             raise ValueError(f"{len(missing)} of the {B} samples of the counts have no row in "
-                             f"{cov_path}: {shown}" + (" ..." if len(missing) > 5 else ""))
+                             f"{cov_path}: {shown}" + (" ..." if len(missing) > 5 else "")
+                             + f"; {flip}")
         return np.asarray([where[s] for s in sample_names], dtype=np.int64)
     if n_cov != B:
         raise ValueError(f"the counts have {B} samples and {cov_path} {n_cov} rows; without "
                          "sample names in both files the rows are matched by order and must "
-                         "agree in number")
+                         f"agree in number; {flip}")
     return np.arange(B)
 
 
@@ -79,8 +91,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--tol", type=float, default=1e-9, help="relative objective change "
                    "(default 1e-9)")
     p.add_argument("--batch-size", type=int, default=None, help="stream rows in batches")
-    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=False,
-                   help="a progress bar")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="report the iterations on stderr (default: when stderr is a "
+                        "terminal, once the fit has taken 2 s)")
     return p
 
 
@@ -128,7 +141,8 @@ def _main(argv) -> int:
         counts_named = samples != [str(i + 1) for i in range(B)]
         X, cov_samples, cov_names = load_covariates(args.covariates)
         by_name = cov_samples is not None and (counts_named or set(samples) <= set(cov_samples))
-        idx = match_samples(samples, counts_named, cov_samples, X.shape[0], args.covariates)
+        idx = match_samples(samples, counts_named, cov_samples, X.shape[0], args.covariates,
+                            table.feature_names)
         X = X[idx]
         if float((counts.sum(-1) > 0).sum()) == 0:
             raise ValueError(f"{args.counts}: every sample has zero counts")

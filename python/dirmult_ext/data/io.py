@@ -16,7 +16,9 @@ Formats, chosen by file name suffix:
   samples: a header whose first cell names the taxa (``Taxon``, ``OTU``,
   ``#OTU ID``, ``ASV``, ``feature``, ...) marks that layout and the table
   is transposed to samples x taxa (``samples_in_columns`` forces either
-  way). :func:`load_count_table` returns the names with the counts.
+  way); with a blank first cell (R's ``write.csv``, pandas' ``to_csv``)
+  the names decide (:mod:`dirmult_ext.data.orientation`).
+  :func:`load_count_table` returns the names with the counts.
 * ``.mtx`` (optionally ``.gz``): Matrix Market, read with ``scipy.io.mmread``.
 * ``.h5ad``: AnnData, read with h5py (:mod:`dirmult_ext.h5ad`): ``X``, or the
   matrix named ``key`` (``raw/X``, ``layers/NAME``), rows = cells.
@@ -42,6 +44,8 @@ from typing import List, NamedTuple, Optional, Tuple
 import numpy as np
 import torch
 from torch import Tensor
+
+from .orientation import blank_corner_orientation
 
 __all__ = ["load_counts", "load_count_table", "CountTable", "load_labels", "load_covariates",
            "is_sparse_file", "CountFileError"]
@@ -423,6 +427,8 @@ def load_count_table(path, *, dtype: torch.dtype = torch.float32, key: Optional[
         if samples_in_columns is None:
             corner = (t.corner or "").strip().strip('"').lower()
             samples_in_columns = corner in _TAXA_CORNERS
+            if t.corner is not None and not corner:
+                samples_in_columns = blank_corner_orientation(path, row_names, col_names)
         if arr.size == 0:
             raise ValueError(f"{path}: empty matrix of shape {arr.shape}")
         if sparse:

@@ -12,7 +12,6 @@ same start. See Note [Distributed mixture].
 from __future__ import annotations
 
 import struct
-import sys
 from typing import Optional
 
 import numpy as np
@@ -24,6 +23,7 @@ from .criteria import resolve_prior
 from .collective import all_reduce_sum
 from ..data.counts import as_counts
 from .engine import Rows, default_progress, prepass
+from .progress import progress_bar
 from .mixture import DMMixture, best_run, check_mixture_args, mixture_result
 from .starts import kmeanspp_centers, nearest_resp, random_responsibilities
 from ..data.sparse_counts import SparseCounts, as_sparse_counts, is_sparse_input
@@ -191,12 +191,10 @@ def fit_mixture_distributed(local_counts, k: int, *, n_init: int = 3, n_screen: 
     pre = prepass(rows, reduce)            # validates on all ranks; sets rows.N, rows.c
     if float(pre.Wpos.sum()) <= 0:
         raise ValueError("every row of counts sums to 0: nothing to cluster")
-    show = rank == 0 and default_progress(progress, B * V * k * n_init, rows.streaming)
     bar = None
-    if show:
-        from tqdm.auto import tqdm
-        bar = tqdm(total=n_init * max_iter, desc="fit_mixture_distributed", file=sys.stderr,
-                   leave=False)
+    if rank == 0:
+        bar = progress_bar(default_progress(progress, B * V * k * n_init, rows.streaming),
+                           n_init * max_iter, "fit_mixture_distributed")
     if init == "kmeans++":
         start = _kmeanspp_on_sample(rows, _gathered_sample(counts, offset, B, kmeans_sample,
                                                            seed, group), k, seed, dev)

@@ -72,6 +72,7 @@ from ..data.counts import RowSource
 from ..data.row_stream import auto_batch_size, matrix_bytes, stream_rows
 from ..data.sparse_counts import SparseCounts
 from ..likelihood.sparse_stats import fit_moments
+from .progress import progress_bar
 
 __all__ = ["Rows", "Pre", "Stats", "Reducer", "identity", "as_weights",
            "resolve_device", "prepass", "row_stats", "moment_init", "newton_step",
@@ -413,7 +414,7 @@ def fixed_point_step(eta: Tensor, S: Stats) -> Tensor:
 
 def optimize(rows: Rows, eta: Tensor, pre: Pre, *, method: str, tol: float,
               gtol: float, max_iter: int, min_alpha: float, reduce: Reducer = identity,
-              progress: bool = False, desc: str = "fit", need_converged: bool = True):
+              progress: Optional[bool] = False, desc: str = "fit", need_converged: bool = True):
     """Run up to ``max_iter`` iterations on all K components of ``rows``,
     starting at ``eta`` (K, V) float64. Returns (eta, stats, trace (list of
     (K,) normalized log-lik tensors), n_iter, converged (K,) bool, gnorm (K,))."""
@@ -429,10 +430,7 @@ def optimize(rows: Rows, eta: Tensor, pre: Pre, *, method: str, tol: float,
     converged = ~active
     trace = [S.L + pre.C]
     gnorm = torch.zeros(K, dtype=torch.float64, device=eta.device)
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-        bar = tqdm(total=max_iter, desc=desc, file=sys.stderr, leave=False)
+    bar = progress_bar(progress, max_iter, desc)
     n_iter = 0
     try:
         for it in range(1, max_iter + 1):
@@ -485,14 +483,17 @@ def optimize(rows: Rows, eta: Tensor, pre: Pre, *, method: str, tol: float,
     return eta, S, trace, n_iter, converged, gnorm
 
 
-def default_progress(progress, work: int, streaming: bool) -> bool:
+def default_progress(progress, work: int, streaming: bool) -> Optional[bool]:
+    """``progress`` for :func:`~dirmult_ext.models.progress.progress_bar`:
+    as given, else True (from the start) for streamed rows on a terminal,
+    else None (on a terminal once the fit has taken 2 s)."""
     if progress is not None:
         return bool(progress)
     try:
         tty = sys.stderr.isatty()
     except (AttributeError, ValueError):
         tty = False
-    return tty and (streaming or work >= 10_000_000)
+    return True if tty and streaming else None
 
 
 def check_common(method: str, tol: float, max_iter: int, min_alpha: float) -> None:

@@ -100,8 +100,10 @@ def fit(counts, *, init=None, method: str = "newton", tol: float = 1e-8,
             exceed half of ``torch.cuda.mem_get_info()``'s free memory: then
             streamed in batches of average rows taking at most 1/16 of it.
         weights: ``(B,)`` non-negative row weights (default ones).
-        progress: show a tqdm bar; default only when stderr is a terminal and
-            the fit is long (streaming, or B * V >= 1e7).
+        progress: report the iterations on stderr (a tqdm bar, or plain
+            lines without tqdm): True from the start, False never, None
+            (default) on a terminal once the fit has taken 2 s (from the
+            start when the rows are streamed).
         device: where to compute; default ``counts.device``.
         min_alpha: lower bound for the concentrations (categories never
             observed have their MLE at 0).

@@ -56,7 +56,9 @@ def as_covariates(X, B: Optional[int], P: Optional[int] = None, name: str = "X")
                          f"{tuple(X.shape)}")
     if B is not None and X.shape[0] != B:
         raise ValueError(f"{name} has {X.shape[0]} rows but counts has {B}: one row of "
-                         "covariates per row of counts")
+                         "covariates per row (sample) of counts; counts read from a taxa x "
+                         "samples file need samples_in_columns=True in "
+                         "dirmult_ext.io.load_counts (--samples-in-columns)")
     if P is not None and X.shape[1] != P:
         raise ValueError(f"{name} has {X.shape[1]} columns, the fit {P} covariates")
     X = X.to(torch.float64)

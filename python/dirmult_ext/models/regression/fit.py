@@ -67,7 +67,6 @@ torch's digamma and trigamma.
 from __future__ import annotations
 
 import math
-import sys
 import warnings
 from typing import Optional, Sequence
 
@@ -80,6 +79,7 @@ from .optim import Problem, lbfgs, prox_lbfgs
 from .result import DMRegressionFit, p_value
 from .se import MAX_EXACT_SE_PARAMS, cg_variances, exact_cov, rows_for, standardized_to_original
 from ...data.counts import RowSource
+from ..progress import progress_bar
 from ...data.threads import fit_threads
 
 __all__ = ["fit_regression", "DMRegressionFit", "DirichletMultinomialRegression",
@@ -89,7 +89,7 @@ __all__ = ["fit_regression", "DMRegressionFit", "DirichletMultinomialRegression"
 def fit_regression(counts, X, *, bias: bool = True, penalty: Optional[str] = None,
                    lam: float = 0.0, method: str = "auto", tol: float = 1e-9,
                    gtol: float = 1e-6, max_iter: int = 1000, batch_size: Optional[int] = None,
-                   weights=None, device=None, progress: bool = False, group=None,
+                   weights=None, device=None, progress: Optional[bool] = None, group=None,
                    se: bool = True, se_for=None, covariate_names: Optional[Sequence] = None,
                    category_names: Optional[Sequence] = None) -> DMRegressionFit:
     r"""Dirichlet-multinomial regression, log alpha[b] = X[b] @ W + bias, by
@@ -119,7 +119,9 @@ def fit_regression(counts, X, *, bias: bool = True, penalty: Optional[str] = Non
             device memory); every statistic is summed over batches.
         weights: ``(B,)`` non-negative row (frequency) weights.
         device: where to compute (default: counts' device).
-        progress: a tqdm bar over the iterations (rank 0 only).
+        progress: report the iterations on stderr (a tqdm bar, or plain lines
+            without tqdm; rank 0 only): True from the start, False never,
+            None (default) on a terminal once the fit has taken 2 s.
         group: a ``torch.distributed`` process group (or the default group
             when ``torch.distributed`` is initialized and ``group`` is
             ``"world"``): every rank passes its own rows, all other arguments
@@ -227,10 +229,7 @@ def fit_regression(counts, X, *, bias: bool = True, penalty: Optional[str] = Non
             bs0 = None
         Ws0 = torch.zeros(P, V, dtype=torch.float64, device=dev)
         prob = Problem(data, bias, penalty, float(lam), wsum, reduce)
-        bar = None
-        if progress and rank0:
-            from tqdm.auto import tqdm
-            bar = tqdm(total=max_iter, desc="fit_regression", file=sys.stderr, leave=False)
+        bar = progress_bar(progress, max_iter, "fit_regression") if rank0 else None
         try:
             run = lbfgs if method == "lbfgs" else prox_lbfgs
             Ws, bs, trace, n_iter, converged, gnorm = run(prob, Ws0, bs0, tol=tol, gtol=gtol,
