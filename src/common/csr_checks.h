@@ -40,6 +40,15 @@ inline void check_csr_parts(const Tensor& crow, const Tensor& col, const Tensor&
   check_same_device(crow, "crow_indices", log_alpha, "log_alpha");
 }
 
+// log_lik_csr_with_grad: the forward's parts, log_alpha (V,) only.
+inline void check_csr_with_grad_parts(const Tensor& crow, const Tensor& col, const Tensor& val,
+                                      const Tensor& log_alpha) {
+  check_csr_parts(crow, col, val, log_alpha);
+  STD_TORCH_CHECK(log_alpha.dim() == 1,
+                  "dirmult: log_lik_csr_with_grad takes log_alpha of shape (V,), shared by all "
+                  "rows");
+}
+
 // The backward's extra parts: grad (B,) or (B, K) in log_alpha's dtype; the
 // column-sorted copy csc_ptr (V + 1,), csc_row (nnz,), csc_val (nnz,).
 inline void check_csr_backward_parts(const Tensor& grad, const Tensor& crow, const Tensor& val,
