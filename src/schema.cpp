@@ -1,6 +1,6 @@
 // The dirmult operator schemas: defined once here, implemented per dispatch
 // key in src/cpu and src/cuda, given autograd and fake kernels in
-// python/dirmult_ext/_ops.py.
+// python/dirmult_ext/ops/.
 #include <torch/csrc/stable/library.h>
 
 STABLE_TORCH_LIBRARY(dirmult, m) {
@@ -51,7 +51,7 @@ STABLE_TORCH_LIBRARY(dirmult, m) {
       "Tensor log_alpha, bool normalize=False) -> (Tensor, Tensor)");
   // The DM regression (See Note [Regression fusion]): counts (B, V), X (B,
   // P), W (P, V), bias (V,) or None; per row log_alpha = X[b] W + bias,
-  // computed in the kernels, never stored. Returns (B,).
+  // made inside the op. Returns (B,).
   m.def(
       "log_lik_regression(Tensor counts, Tensor X, Tensor W, Tensor? bias=None, "
       "bool normalize=False) -> Tensor");

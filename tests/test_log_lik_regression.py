@@ -1,7 +1,7 @@
 """dirmult::log_lik_regression: values against the float64 formula on
 log_alpha = X @ W + bias (and mpmath where float64 lgammas cancel),
-gradients against float64 autograd and gradcheck, P on and above the fused
-kernels' range, edge shapes, bad counts, determinism, argument errors."""
+gradients against float64 autograd and gradcheck, P from 1 to above 64,
+edge shapes, bad counts, determinism, argument errors."""
 import math
 
 import mpmath
@@ -13,7 +13,7 @@ from dirmult_ext.ops import checks as _checks, library as _ops
 
 from reference import COUNT_DTYPES, log_lik_float64, magnitudes, mixed_counts, mp_lnpoch, random_counts
 
-# 65: above the fused CUDA kernels' largest float32 P (the matmul way).
+# P: one covariate to more than 64.
 P_CASES = [1, 16, 64, 65]
 EPS = {torch.float32: 2.0 ** -24, torch.float64: 2.0 ** -53}
 
@@ -70,8 +70,7 @@ def _check_values(out, counts, X, W, b, normalize):
 @pytest.mark.parametrize("normalize", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_values(device, P, with_bias, normalize, dtype):
-    # V = 50: rows not a multiple of 4 (scalar loads); 1100: several column
-    # tiles of the fused CUDA kernels.
+    # V = 50: rows not a multiple of 4 (scalar loads); 1100: long rows.
     for B, V in [(37, 50), (6, 1100)]:
         counts = mixed_counts(B, V, device)
         X, W, b = _design(B, V, P, device, dtype, with_bias)
@@ -122,8 +121,8 @@ def _grads_float64(counts, X, W, b, weights, normalize):
 
 def _grad_tolerance(device, dtype):
     """Relative to the largest |gradient| of each argument. float32: the
-    log_alpha rounding and, on CUDA, the float32 sums of a row group's dW
-    (CPU, seen: 3e-7 over 20 draws)."""
+    log_alpha rounding and, on CUDA, cuBLAS's float32 sums over the rows for
+    dW (CPU, seen: 3e-7 over 20 draws)."""
     if dtype == torch.float64:
         return 1e-11
     return 2e-6 if device.type == "cpu" else 2e-5

@@ -213,8 +213,7 @@ DM_HOST_DEVICE T dm_select(bool c, T x, T y) {
 
 // The same with inv_a = 1 / a from the caller, computed whatever a is, and
 // no branch on a < kStirlingMin (the CPU's SharedAlpha: where a straddles
-// it at random the branch mispredicted, 1x262144 of zeros 1.8 ms at
-// log_alpha ~ U(0, 3) against 1.0 at U(3, 4)).
+// it at random the branch mispredicts; docs/PERFORMANCE_LEDGER.md, CPU).
 template <typename T>
 DM_HOST_DEVICE ExactFactors<T> exact_factors(T a, T inv_a) {
   const bool small = a < Tuning<T>::kStirlingMin;

@@ -6,7 +6,7 @@
 #
 # This is the stable-ABI promise checked end to end: a wheel built against
 # torch 2.14.1 (CUDA 13.0) must import and pass its CPU tests under torch
-# 2.13.0+cpu, where _ops.py skips _C_cuda.so because torch.version.cuda is None;
+# 2.13.0+cpu, where ops/library.py skips _C_cuda.so because torch.version.cuda is None;
 # then the error, autograd and fuzz tests again with the ops' Python argument
 # checks forced on (DIRMULT_OP_CHECKS=python).
 # The tests run from a scratch directory, so `import dirmult_ext` finds the

@@ -11,7 +11,7 @@
 #   kernels, and the large sparse fit measured (time per EM iteration, peak
 #   host RSS against the CSR bytes, peak GPU memory; on the device and
 #   streamed from host memory). Logs go to $OUT (default ./gpu_out).
-# Stages can be picked: scripts/gpu/gpu_check.sh [wheel] [sass] [check] [probe] [test] [sanitize] [multigpu] [bench] [profile] [profile_csr] [profile_regression] [bigfit]
+# Stages can be picked: scripts/gpu/gpu_check.sh [wheel] [sass] [check] [probe] [test] [sanitize] [multigpu] [bench] [profile] [profile_csr] [bigfit]
 # (every stage but wheel needs a wheel installed by an earlier wheel stage).
 # Environment:
 #   DIRMULT_SASS_BASELINE=F  sass stage: F, a _C_cuda.so of an earlier build, against
@@ -151,14 +151,6 @@ if has profile_csr && command -v ncu >/dev/null; then
     --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
     --section LaunchStats --section WarpStateStats --section SchedulerStats \
     "$PY" "$REPO/scripts/gpu/profile_csr_kernels.py"
-fi
-# The fused regression kernels at the benchmark's shape.
-if has profile_regression && command -v ncu >/dev/null; then
-  run_stage profile_regression "ncu, regression" timeout 300 ncu --clock-control none \
-    -k "regex:regression_" --section SpeedOfLight --section MemoryWorkloadAnalysis \
-    --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats \
-    --section ComputeWorkloadAnalysis --section SourceCounters \
-    "$PY" "$REPO/scripts/gpu/profile_regression_kernels.py"
 fi
 # A 1,000,000 x 50,000 k = 10 mixture matrix (about 1.1e8 nonzeros) fitted by
 # the CLI, on the device and streamed (--batch-size 200000); bigfit.json.

@@ -135,13 +135,9 @@ if __name__ == "__main__":
     case(33, 301, K=7)              # component tables, K <= 8, scalar loads
     case(64, 260, torch.uint8, K=18)  # component tables, two component blocks
     case(6, 33, torch.int64, K=9)
-    regression_case(300, 1024, 16)  # one column tile: the backward sums its rows' totals
-    regression_case(70, 1500, 16, off_table=0.3)  # two tiles: the totals pass, dX pieces
-    regression_case(41, 301, 5, torch.uint8)      # scalar loads, 1-byte counts, P <= 8
-    regression_case(37, 700, 33, torch.int64, bias=False)  # two columns a thread
-    regression_case(29, 513, 64, off_table=0.3)   # a column a thread, three tiles
-    regression_case(20, 300, 20, compute=torch.float64)
-    regression_case(9, 200, 65)     # above the fused P: the matmul way
+    regression_case(300, 1024, 16)  # X @ W + bias (addmm), log_lik's per-sample float32 kernels
+    regression_case(41, 301, 5, torch.uint8, bias=False)  # no bias (a matmul), 1-byte counts
+    regression_case(20, 300, 20, compute=torch.float64, off_table=0.3)  # float64 per-sample kernels
     la = torch.randn(50, device="cuda")
     torch.ops.dirmult.poch_terms(la, torch.rand(50, device="cuda") * 40)
     torch.cuda.synchronize()

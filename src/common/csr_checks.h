@@ -1,6 +1,6 @@
 // Argument checks of the CSR ops (dirmult::log_lik_csr and its backward)
 // that read no data, and the forward's output shape: the backstop for direct torch.ops.dirmult.* callers.
-// The Python wrappers (python/dirmult_ext/sparse.py) run the same checks
+// The Python wrappers (python/dirmult_ext/ops/checks.py) run the same checks
 // first, and with validate=True those that read the indices. The kernels
 // never read out of bounds whatever the indices hold. See Note [CSR inputs].
 #pragma once
@@ -38,6 +38,15 @@ inline void check_csr_parts(const Tensor& crow, const Tensor& col, const Tensor&
   check_same_device(crow, "crow_indices", col, "col_indices");
   check_same_device(crow, "crow_indices", val, "values");
   check_same_device(crow, "crow_indices", log_alpha, "log_alpha");
+}
+
+// log_lik_csr_with_grad: the forward's parts, log_alpha (V,) only.
+inline void check_csr_with_grad_parts(const Tensor& crow, const Tensor& col, const Tensor& val,
+                                      const Tensor& log_alpha) {
+  check_csr_parts(crow, col, val, log_alpha);
+  STD_TORCH_CHECK(log_alpha.dim() == 1,
+                  "dirmult: log_lik_csr_with_grad takes log_alpha of shape (V,), shared by all "
+                  "rows");
 }
 
 // The backward's extra parts: grad (B,) or (B, K) in log_alpha's dtype; the

@@ -1,6 +1,6 @@
 // Dispatch over the CSR parts' dtypes: index_t (crow and col indices, int32
 // or int64) and value_t (the values, float32 or float64; other count dtypes
-// are converted once in Python, python/dirmult_ext/sparse.py).
+// are converted once in Python, python/dirmult_ext/likelihood/sparse.py).
 #pragma once
 
 #include <torch/headeronly/core/ScalarType.h>

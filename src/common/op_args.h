@@ -30,7 +30,10 @@
 // other ops: LogLikBackwardArgs(grad, counts, log_alpha), LogLikArgs(counts,
 // log_alpha, check_log_lik_with_grad), ComponentsArgs(counts, log_alpha),
 // ComponentsBackwardArgs(grad, counts, log_alpha), PochTermsArgs(log_alpha,
-// n), RegressionArgs(counts, X, W, bias) and its backward's (with grad).
+// n), RegressionArgs(counts, X, W, bias) and its backward's (with grad),
+// CsrArgs(crow, col, val, log_alpha) and CsrBackwardArgs(grad, crow, val,
+// csc_ptr, csc_row, csc_val, log_alpha) (their dispatch is over the compute
+// dtype and the CSR parts' index and value dtypes).
 #pragma once
 
 #include <torch/csrc/stable/tensor.h>
@@ -38,8 +41,11 @@
 
 #include <cstdint>
 #include <optional>
+#include <type_traits>
 
 #include "count_dispatch.h"
+#include "csr_checks.h"
+#include "csr_dispatch.h"
 #include "tensor_checks.h"
 #include "with_grad.h"
 
@@ -278,6 +284,120 @@ struct RegressionArgs {
   static std::optional<Tensor> contiguous_or_none(const std::optional<Tensor>& t) {
     if (!t.has_value()) return std::nullopt;
     return as_contiguous(*t);
+  }
+};
+
+// The typed data of one CSR dispatch case; the parts an op does not take
+// are nullptr.
+template <typename S, typename Val, typename I>
+struct CsrTyped {
+  using scalar_t = S;
+  using value_t = Val;
+  using index_t = I;
+  const I* crow;
+  const Val* val;
+  const S* log_alpha;
+  const I* col = nullptr;  // the forward's
+  const S* grad = nullptr;  // the backward's, with the column-sorted copy
+  const I* csc_ptr = nullptr;
+  const I* csc_row = nullptr;
+  const Val* csc_val = nullptr;
+  static S* out(const Tensor& t) { return static_cast<S*>(t.mutable_data_ptr()); }
+};
+
+namespace detail {
+
+template <typename T>
+const T* data(const Tensor& t) {
+  return static_cast<const T*>(t.const_data_ptr());
+}
+
+// What the CSR ops share: crow (B + 1,), values (nnz,), log_alpha (V,) or
+// (K, V), checked by the derived type before this is built.
+template <typename Device>
+struct CsrParts {
+  typename Device::Guard guard;
+  Tensor crow, val, log_alpha;  // contiguous
+  int64_t B, nnz, K, V;
+
+  CsrParts(const Tensor& crow_, const Tensor& val_, const Tensor& log_alpha_)
+      : guard(log_alpha_),
+        crow(as_contiguous(crow_)),
+        val(as_contiguous(val_)),
+        log_alpha(as_contiguous(log_alpha_)),
+        B(crow.numel() - 1),
+        nnz(val.numel()),
+        K(log_alpha.dim() == 1 ? 1 : log_alpha.size(0)),
+        V(log_alpha.size(log_alpha.dim() - 1)) {}
+
+  // fn(t) with the shared parts filled; more(t) adds the op's own first.
+  template <typename More, typename Fn>
+  void dispatch_parts(More&& more, Fn&& fn) const {
+    DM_DISPATCH_COMPUTE(log_alpha.scalar_type(), [&] {
+      DM_DISPATCH_CSR(crow.scalar_type(), val.scalar_type(), [&] {
+        CsrTyped<scalar_t, value_t, index_t> t;
+        t.crow = data<index_t>(crow);
+        t.val = data<value_t>(val);
+        t.log_alpha = data<scalar_t>(log_alpha);
+        more(t);
+        fn(t);
+      });
+    });
+  }
+};
+
+}  // namespace detail
+
+// log_lik_csr and log_lik_csr_with_grad: crow, col, val and log_alpha.
+// check: check_csr_parts, or check_csr_with_grad_parts.
+template <typename Device>
+struct CsrArgs : detail::CsrParts<Device> {
+  Tensor col;  // contiguous
+
+  CsrArgs(const Tensor& crow_, const Tensor& col_, const Tensor& val_, const Tensor& log_alpha_,
+          void (*check)(const Tensor&, const Tensor&, const Tensor&, const Tensor&) =
+              check_csr_parts)
+      : detail::CsrParts<Device>((check(crow_, col_, val_, log_alpha_), crow_), val_, log_alpha_),
+        col(as_contiguous(col_)) {}
+
+  template <typename Fn>
+  void dispatch(Fn&& fn) const {
+    this->dispatch_parts(
+        [&](auto& t) { t.col = detail::data<typename std::decay_t<decltype(t)>::index_t>(col); },
+        fn);
+  }
+};
+
+// log_lik_csr_backward: the incoming gradient, crow, val, the column-sorted
+// copy and log_alpha, checked by check_csr_backward_parts.
+template <typename Device>
+struct CsrBackwardArgs : detail::CsrParts<Device> {
+  Tensor grad, csc_ptr, csc_row, csc_val;  // contiguous
+
+  CsrBackwardArgs(const Tensor& grad_, const Tensor& crow_, const Tensor& val_,
+                  const Tensor& csc_ptr_, const Tensor& csc_row_, const Tensor& csc_val_,
+                  const Tensor& log_alpha_)
+      : detail::CsrParts<Device>(
+            (check_csr_backward_parts(grad_, crow_, val_, csc_ptr_, csc_row_, csc_val_,
+                                      log_alpha_),
+             crow_),
+            val_, log_alpha_),
+        grad(as_contiguous(grad_)),
+        csc_ptr(as_contiguous(csc_ptr_)),
+        csc_row(as_contiguous(csc_row_)),
+        csc_val(as_contiguous(csc_val_)) {}
+
+  template <typename Fn>
+  void dispatch(Fn&& fn) const {
+    this->dispatch_parts(
+        [&](auto& t) {
+          using T = std::decay_t<decltype(t)>;
+          t.grad = detail::data<typename T::scalar_t>(grad);
+          t.csc_ptr = detail::data<typename T::index_t>(csc_ptr);
+          t.csc_row = detail::data<typename T::index_t>(csc_row);
+          t.csc_val = detail::data<typename T::value_t>(csc_val);
+        },
+        fn);
   }
 };
 

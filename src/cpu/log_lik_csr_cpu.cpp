@@ -20,9 +20,7 @@
 #include <limits>
 #include <vector>
 
-#include "../common/count_dispatch.h"
-#include "../common/csr_checks.h"
-#include "../common/csr_dispatch.h"
+#include "../common/op_args.h"
 #include "ops_cpu.h"
 #include "policy_cpu.h"
 #include "csr_alpha_cpu.h"
@@ -167,57 +165,28 @@ void csr_backward(const scalar_t* grad, const index_t* crow, const value_t* val,
 }  // namespace
 
 Tensor log_lik_csr_cpu(Tensor crow, Tensor col, Tensor val, Tensor log_alpha, bool normalize) {
-  check_csr_parts(crow, col, val, log_alpha);
-  crow = as_contiguous(crow);
-  col = as_contiguous(col);
-  val = as_contiguous(val);
-  log_alpha = as_contiguous(log_alpha);
-  const int64_t B = crow.numel() - 1, nnz = val.numel();
-  const int64_t K = log_alpha.dim() == 1 ? 1 : log_alpha.size(0);
-  const int64_t V = log_alpha.size(log_alpha.dim() - 1);
-  Tensor out = torch::stable::new_empty(log_alpha, csr_out_shape(B, log_alpha));
-  if (B == 0 || K == 0) return out;
-  DM_DISPATCH_COMPUTE(log_alpha.scalar_type(), [&] {
-    CsrAlpha<scalar_t> p(static_cast<const scalar_t*>(log_alpha.const_data_ptr()), K, V);
-    if (csr_forward_uses_table(nnz, V, K, sizeof(scalar_t))) p.fill_table();
-    DM_DISPATCH_CSR(crow.scalar_type(), val.scalar_type(), [&] {
-      csr_forward<scalar_t, value_t, index_t>(
-          static_cast<const index_t*>(crow.const_data_ptr()),
-          static_cast<const index_t*>(col.const_data_ptr()),
-          static_cast<const value_t*>(val.const_data_ptr()), B, nnz, p, normalize,
-          static_cast<scalar_t*>(out.mutable_data_ptr()));
-    });
+  const CsrArgs<CpuDevice> a(crow, col, val, log_alpha);
+  Tensor out = torch::stable::new_empty(a.log_alpha, csr_out_shape(a.B, a.log_alpha));
+  if (a.B == 0 || a.K == 0) return out;
+  a.dispatch([&](auto t) {
+    using S = typename decltype(t)::scalar_t;
+    CsrAlpha<S> p(t.log_alpha, a.K, a.V);
+    if (csr_forward_uses_table(a.nnz, a.V, a.K, sizeof(S))) p.fill_table();
+    csr_forward(t.crow, t.col, t.val, a.B, a.nnz, p, normalize, t.out(out));
   });
   return out;
 }
 
 Tensor log_lik_csr_backward_cpu(Tensor grad, Tensor crow, Tensor val, Tensor csc_ptr,
                                 Tensor csc_row, Tensor csc_val, Tensor log_alpha) {
-  check_csr_backward_parts(grad, crow, val, csc_ptr, csc_row, csc_val, log_alpha);
-  grad = as_contiguous(grad);
-  crow = as_contiguous(crow);
-  val = as_contiguous(val);
-  csc_ptr = as_contiguous(csc_ptr);
-  csc_row = as_contiguous(csc_row);
-  csc_val = as_contiguous(csc_val);
-  log_alpha = as_contiguous(log_alpha);
-  const int64_t B = crow.numel() - 1, nnz = val.numel();
-  const int64_t K = log_alpha.dim() == 1 ? 1 : log_alpha.size(0);
-  const int64_t V = log_alpha.size(log_alpha.dim() - 1);
-  Tensor grad_la = torch::stable::new_zeros(log_alpha, log_alpha.sizes());
-  if (K == 0 || V == 0) return grad_la;
-  DM_DISPATCH_COMPUTE(log_alpha.scalar_type(), [&] {
-    const CsrAlpha<scalar_t> p(static_cast<const scalar_t*>(log_alpha.const_data_ptr()), K, V);
-    DM_DISPATCH_CSR(crow.scalar_type(), val.scalar_type(), [&] {
-      csr_backward<scalar_t, value_t, index_t>(
-          static_cast<const scalar_t*>(grad.const_data_ptr()),
-          static_cast<const index_t*>(crow.const_data_ptr()),
-          static_cast<const value_t*>(val.const_data_ptr()),
-          static_cast<const index_t*>(csc_ptr.const_data_ptr()),
-          static_cast<const index_t*>(csc_row.const_data_ptr()),
-          static_cast<const value_t*>(csc_val.const_data_ptr()), B, nnz, p,
-          static_cast<scalar_t*>(grad_la.mutable_data_ptr()));
-    });
+  const CsrBackwardArgs<CpuDevice> a(grad, crow, val, csc_ptr, csc_row, csc_val, log_alpha);
+  Tensor grad_la = torch::stable::new_zeros(a.log_alpha, a.log_alpha.sizes());
+  if (a.K == 0 || a.V == 0) return grad_la;
+  a.dispatch([&](auto t) {
+    using S = typename decltype(t)::scalar_t;
+    const CsrAlpha<S> p(t.log_alpha, a.K, a.V);
+    csr_backward(t.grad, t.crow, t.val, t.csc_ptr, t.csc_row, t.csc_val, a.B, a.nnz, p,
+                 t.out(grad_la));
   });
   return grad_la;
 }

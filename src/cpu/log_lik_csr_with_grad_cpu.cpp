@@ -17,9 +17,7 @@
 #include <tuple>
 #include <vector>
 
-#include "../common/count_dispatch.h"
-#include "../common/csr_checks.h"
-#include "../common/csr_dispatch.h"
+#include "../common/op_args.h"
 #include "csr_alpha_cpu.h"
 #include "ops_cpu.h"
 #include "policy_cpu.h"
@@ -118,30 +116,15 @@ void csr_with_grad(const index_t* crow, const index_t* col, const value_t* val, 
 
 std::tuple<Tensor, Tensor> log_lik_csr_with_grad_cpu(Tensor crow, Tensor col, Tensor val,
                                                      Tensor log_alpha, bool normalize) {
-  check_csr_parts(crow, col, val, log_alpha);
-  STD_TORCH_CHECK(log_alpha.dim() == 1,
-                  "dirmult: log_lik_csr_with_grad takes log_alpha of shape (V,), shared by all "
-                  "rows");
-  crow = as_contiguous(crow);
-  col = as_contiguous(col);
-  val = as_contiguous(val);
-  log_alpha = as_contiguous(log_alpha);
-  const int64_t B = crow.numel() - 1, nnz = val.numel();
-  const int64_t V = log_alpha.size(0);
-  Tensor out = torch::stable::new_empty(log_alpha, {B});
-  Tensor grad = torch::stable::new_zeros(log_alpha, log_alpha.sizes());
-  if (B == 0 || V == 0) return {out, grad};
-  DM_DISPATCH_COMPUTE(log_alpha.scalar_type(), [&] {
-    CsrAlpha<scalar_t> p(static_cast<const scalar_t*>(log_alpha.const_data_ptr()), 1, V);
-    if (csr_forward_uses_table(nnz, V, 1, sizeof(scalar_t))) p.fill_table();
-    DM_DISPATCH_CSR(crow.scalar_type(), val.scalar_type(), [&] {
-      csr_with_grad<scalar_t, value_t, index_t>(
-          static_cast<const index_t*>(crow.const_data_ptr()),
-          static_cast<const index_t*>(col.const_data_ptr()),
-          static_cast<const value_t*>(val.const_data_ptr()), B, nnz, p, normalize,
-          static_cast<scalar_t*>(out.mutable_data_ptr()),
-          static_cast<scalar_t*>(grad.mutable_data_ptr()));
-    });
+  const CsrArgs<CpuDevice> a(crow, col, val, log_alpha, check_csr_with_grad_parts);
+  Tensor out = torch::stable::new_empty(a.log_alpha, {a.B});
+  Tensor grad = torch::stable::new_zeros(a.log_alpha, a.log_alpha.sizes());
+  if (a.B == 0 || a.V == 0) return {out, grad};
+  a.dispatch([&](auto t) {
+    using S = typename decltype(t)::scalar_t;
+    CsrAlpha<S> p(t.log_alpha, 1, a.V);
+    if (csr_forward_uses_table(a.nnz, a.V, 1, sizeof(S))) p.fill_table();
+    csr_with_grad(t.crow, t.col, t.val, a.B, a.nnz, p, normalize, t.out(out), t.out(grad));
   });
   return {out, grad};
 }

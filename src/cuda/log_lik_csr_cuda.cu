@@ -7,12 +7,11 @@
 
 #include <vector>
 
-#include "../common/count_dispatch.h"
-#include "../common/csr_checks.h"
-#include "../common/csr_dispatch.h"
+#include "../common/op_args.h"
 #include "kernels/ceil_div.cuh"
 #include "launch.h"
 #include "policy.h"
+#include "tensors.h"
 #include "kernels/csr_alpha.cuh"
 #include "kernels/csr_backward.cuh"
 #include "kernels/csr_forward.cuh"
@@ -61,120 +60,89 @@ CsrPrep prepare_alpha(const Tensor& log_alpha, int64_t K, int64_t V, int64_t Kt,
 }  // namespace
 
 Tensor log_lik_csr_cuda(Tensor crow, Tensor col, Tensor val, Tensor log_alpha, bool normalize) {
-  check_csr_parts(crow, col, val, log_alpha);
-  torch::stable::accelerator::DeviceGuard guard(log_alpha.get_device_index());
-  crow = as_contiguous(crow);
-  col = as_contiguous(col);
-  val = as_contiguous(val);
-  log_alpha = as_contiguous(log_alpha);
-  const int64_t B = crow.numel() - 1, nnz = val.numel();
-  const int64_t K = log_alpha.dim() == 1 ? 1 : log_alpha.size(0);
-  const int64_t V = log_alpha.size(log_alpha.dim() - 1);
+  const CsrArgs<CudaDevice> a(crow, col, val, log_alpha);
+  const int64_t B = a.B, nnz = a.nnz, K = a.K, V = a.V;
   STD_TORCH_CHECK(K <= 65535, "dirmult: at most 65535 components with CSR counts on CUDA");
-  Tensor out = torch::stable::new_empty(log_alpha, csr_out_shape(B, log_alpha));
+  Tensor out = torch::stable::new_empty(a.log_alpha, csr_out_shape(B, a.log_alpha));
   if (B == 0 || K == 0) return out;
-  const cudaStream_t stream = current_stream(log_alpha.get_device_index());
-  DM_DISPATCH_COMPUTE(log_alpha.scalar_type(), [&] {
+  const cudaStream_t stream = current_stream(a.log_alpha.get_device_index());
+  a.dispatch([&](auto t) {
+    using scalar_t = typename decltype(t)::scalar_t;
+    using value_t = typename decltype(t)::value_t;
+    using index_t = typename decltype(t)::index_t;
     const int64_t Kt = csr_table_stride(V, K, kCsrTableCounts, nnz, sizeof(scalar_t));
-    const bool table = Kt > 0;
-    const CsrPrep p = prepare_alpha<scalar_t>(log_alpha, K, V, Kt, stream);
-    DM_DISPATCH_CSR(crow.scalar_type(), val.scalar_type(), [&] {
-      if (table) {
-        const bool short_rows = csr_forward_short_rows(B, nnz, kCsrRowsPerWarpShort);
-        auto launch = [&](auto rows, auto walk) {
-          constexpr int R = decltype(rows)::value, KW = decltype(walk)::value;
-          csr_forward_table_kernel<scalar_t, value_t, index_t, R, KW>
-              <<<static_cast<unsigned>(ceil_div(ceil_div(B, R), kCsrRowsPerBlock)),
-                 kCsrRowsPerBlock * 32, 0, stream>>>(
-                  static_cast<const index_t*>(crow.const_data_ptr()),
-                  static_cast<const index_t*>(col.const_data_ptr()),
-                  static_cast<const value_t*>(val.const_data_ptr()), B, nnz, V,
-                  static_cast<int>(K), static_cast<int>(Kt),
-                  static_cast<const scalar_t*>(p.table.const_data_ptr()),
-                  static_cast<const CsrColumn<scalar_t>*>(p.cols.const_data_ptr()),
-                  static_cast<const double*>(p.A.const_data_ptr()), normalize,
-                  static_cast<scalar_t*>(out.mutable_data_ptr()));
-        };
-        using One = std::integral_constant<int, 1>;
-        using Short = std::integral_constant<int, kCsrRowsPerWarpShort>;
-        using Walk8 = std::integral_constant<int, 8>;
-        using Walk16 = std::integral_constant<int, 16>;
-        if (K == 1) {
-          short_rows ? launch(Short{}, One{}) : launch(One{}, One{});
-        } else if (csr_walk_components(K, short_rows) == 16) {
-          launch(One{}, Walk16{});
-        } else {
-          short_rows ? launch(Short{}, Walk8{}) : launch(One{}, Walk8{});
-        }
-        DM_CUDA_CHECK_LAUNCH();
-        return;
+    const CsrPrep p = prepare_alpha<scalar_t>(a.log_alpha, K, V, Kt, stream);
+    const auto* cols = static_cast<const CsrColumn<scalar_t>*>(p.cols.const_data_ptr());
+    const auto* A = static_cast<const double*>(p.A.const_data_ptr());
+    if (Kt > 0) {
+      const bool short_rows = csr_forward_short_rows(B, nnz, kCsrRowsPerWarpShort);
+      auto launch = [&](auto rows, auto walk) {
+        constexpr int R = decltype(rows)::value, KW = decltype(walk)::value;
+        csr_forward_table_kernel<scalar_t, value_t, index_t, R, KW>
+            <<<static_cast<unsigned>(ceil_div(ceil_div(B, R), kCsrRowsPerBlock)),
+               kCsrRowsPerBlock * 32, 0, stream>>>(
+                t.crow, t.col, t.val, B, nnz, V, static_cast<int>(K), static_cast<int>(Kt),
+                static_cast<const scalar_t*>(p.table.const_data_ptr()), cols, A, normalize,
+                t.out(out));
+      };
+      using One = std::integral_constant<int, 1>;
+      using Short = std::integral_constant<int, kCsrRowsPerWarpShort>;
+      using Walk8 = std::integral_constant<int, 8>;
+      using Walk16 = std::integral_constant<int, 16>;
+      if (K == 1) {
+        short_rows ? launch(Short{}, One{}) : launch(One{}, One{});
+      } else if (csr_walk_components(K, short_rows) == 16) {
+        launch(One{}, Walk16{});
+      } else {
+        short_rows ? launch(Short{}, Walk8{}) : launch(One{}, Walk8{});
       }
-      csr_forward_kernel<scalar_t, value_t, index_t>
-          <<<static_cast<unsigned>(ceil_div(B, kCsrRowsPerBlock)), kCsrRowsPerBlock * 32, 0,
-             stream>>>(static_cast<const index_t*>(crow.const_data_ptr()),
-                       static_cast<const index_t*>(col.const_data_ptr()),
-                       static_cast<const value_t*>(val.const_data_ptr()), B, nnz, V,
-                       static_cast<int>(K),
-                       static_cast<const CsrColumn<scalar_t>*>(p.cols.const_data_ptr()),
-                       static_cast<const double*>(p.A.const_data_ptr()), normalize,
-                       static_cast<scalar_t*>(out.mutable_data_ptr()));
       DM_CUDA_CHECK_LAUNCH();
-    });
+      return;
+    }
+    csr_forward_kernel<scalar_t, value_t, index_t>
+        <<<static_cast<unsigned>(ceil_div(B, kCsrRowsPerBlock)), kCsrRowsPerBlock * 32, 0,
+           stream>>>(t.crow, t.col, t.val, B, nnz, V, static_cast<int>(K), cols, A, normalize,
+                     t.out(out));
+    DM_CUDA_CHECK_LAUNCH();
   });
   return out;
 }
 
 Tensor log_lik_csr_backward_cuda(Tensor grad, Tensor crow, Tensor val, Tensor csc_ptr,
                                  Tensor csc_row, Tensor csc_val, Tensor log_alpha) {
-  check_csr_backward_parts(grad, crow, val, csc_ptr, csc_row, csc_val, log_alpha);
-  torch::stable::accelerator::DeviceGuard guard(log_alpha.get_device_index());
-  grad = as_contiguous(grad);
-  crow = as_contiguous(crow);
-  val = as_contiguous(val);
-  csc_ptr = as_contiguous(csc_ptr);
-  csc_row = as_contiguous(csc_row);
-  csc_val = as_contiguous(csc_val);
-  log_alpha = as_contiguous(log_alpha);
-  const int64_t B = crow.numel() - 1, nnz = val.numel();
-  const int64_t K = log_alpha.dim() == 1 ? 1 : log_alpha.size(0);
-  const int64_t V = log_alpha.size(log_alpha.dim() - 1);
+  const CsrBackwardArgs<CudaDevice> a(grad, crow, val, csc_ptr, csc_row, csc_val, log_alpha);
+  const int64_t B = a.B, nnz = a.nnz, K = a.K, V = a.V;
   STD_TORCH_CHECK(K <= 65535, "dirmult: at most 65535 components with CSR counts on CUDA");
-  Tensor grad_la = torch::stable::new_empty(log_alpha, log_alpha.sizes());
+  Tensor grad_la = torch::stable::new_empty(a.log_alpha, a.log_alpha.sizes());
   if (K == 0 || V == 0) return grad_la;
-  const cudaStream_t stream = current_stream(log_alpha.get_device_index());
+  const cudaStream_t stream = current_stream(a.log_alpha.get_device_index());
   const int64_t warps = ceil_div(B, kCsrRowsPerWarp);
-  Tensor part = torch::stable::new_empty(log_alpha, {std::max<int64_t>(warps * K, 1)},
+  Tensor part = torch::stable::new_empty(a.log_alpha, {std::max<int64_t>(warps * K, 1)},
                                          ScalarType::Double);
-  Tensor S = torch::stable::new_empty(log_alpha, {K}, ScalarType::Double);
-  DM_DISPATCH_COMPUTE(log_alpha.scalar_type(), [&] {
-    const CsrPrep p = prepare_alpha<scalar_t>(log_alpha, K, V, 0, stream);
-    DM_DISPATCH_CSR(crow.scalar_type(), val.scalar_type(), [&] {
-      const auto* g = static_cast<const scalar_t*>(grad.const_data_ptr());
-      const auto* A = static_cast<const double*>(p.A.const_data_ptr());
-      if (warps > 0) {
-        csr_row_weights_kernel<scalar_t, value_t, index_t>
-            <<<static_cast<unsigned>(ceil_div(warps, kCsrBackwardWarps)), kCsrBackwardWarps * 32,
-               0, stream>>>(g, static_cast<const index_t*>(crow.const_data_ptr()),
-                            static_cast<const value_t*>(val.const_data_ptr()), B, nnz,
-                            static_cast<int>(K), A, warps,
-                            static_cast<double*>(part.mutable_data_ptr()));
-        DM_CUDA_CHECK_LAUNCH();
-      }
-      csr_sum_weights_kernel<<<static_cast<unsigned>(K), kCsrSumThreads, 0, stream>>>(
-          static_cast<const double*>(part.const_data_ptr()), warps, static_cast<int>(K), A,
-          static_cast<double*>(S.mutable_data_ptr()));
+  Tensor S = torch::stable::new_empty(a.log_alpha, {K}, ScalarType::Double);
+  a.dispatch([&](auto t) {
+    using scalar_t = typename decltype(t)::scalar_t;
+    using value_t = typename decltype(t)::value_t;
+    using index_t = typename decltype(t)::index_t;
+    const CsrPrep p = prepare_alpha<scalar_t>(a.log_alpha, K, V, 0, stream);
+    const auto* A = static_cast<const double*>(p.A.const_data_ptr());
+    if (warps > 0) {
+      csr_row_weights_kernel<scalar_t, value_t, index_t>
+          <<<static_cast<unsigned>(ceil_div(warps, kCsrBackwardWarps)), kCsrBackwardWarps * 32,
+             0, stream>>>(t.grad, t.crow, t.val, B, nnz, static_cast<int>(K), A, warps,
+                          static_cast<double*>(part.mutable_data_ptr()));
       DM_CUDA_CHECK_LAUNCH();
-      csr_column_grad_kernel<scalar_t, value_t, index_t>
-          <<<static_cast<unsigned>(ceil_div(V, kCsrBackwardWarps)), kCsrBackwardWarps * 32, 0,
-             stream>>>(g, static_cast<const index_t*>(csc_ptr.const_data_ptr()),
-                       static_cast<const index_t*>(csc_row.const_data_ptr()),
-                       static_cast<const value_t*>(csc_val.const_data_ptr()), B, nnz, V,
-                       static_cast<int>(K),
-                       static_cast<const CsrColumn<scalar_t>*>(p.cols.const_data_ptr()),
-                       static_cast<const double*>(S.const_data_ptr()),
-                       static_cast<scalar_t*>(grad_la.mutable_data_ptr()));
-      DM_CUDA_CHECK_LAUNCH();
-    });
+    }
+    csr_sum_weights_kernel<<<static_cast<unsigned>(K), kCsrSumThreads, 0, stream>>>(
+        static_cast<const double*>(part.const_data_ptr()), warps, static_cast<int>(K), A,
+        static_cast<double*>(S.mutable_data_ptr()));
+    DM_CUDA_CHECK_LAUNCH();
+    csr_column_grad_kernel<scalar_t, value_t, index_t>
+        <<<static_cast<unsigned>(ceil_div(V, kCsrBackwardWarps)), kCsrBackwardWarps * 32, 0,
+           stream>>>(t.grad, t.csc_ptr, t.csc_row, t.csc_val, B, nnz, V, static_cast<int>(K),
+                     static_cast<const CsrColumn<scalar_t>*>(p.cols.const_data_ptr()),
+                     static_cast<const double*>(S.const_data_ptr()), t.out(grad_la));
+    DM_CUDA_CHECK_LAUNCH();
   });
   return grad_la;
 }

@@ -125,9 +125,8 @@ ComponentsWay components_way_setting();
 // to kCsrTableCachedBytes (filled in microseconds), and up to
 // kCsrTableMaxBytes where its entries are at most a quarter of the
 // nonzeros' terms (nnz K), so that filling it costs at most a quarter of
-// the per-nonzero math it replaces (K = 16 at 1000000 x 50000, a 51 MB
-// table: 28.6 ms with the per-nonzero math, 5.0 ms with the table;
-// docs/PERFORMANCE_LEDGER.md, CSR counts). Otherwise the per-nonzero math.
+// the per-nonzero math it replaces (docs/PERFORMANCE_LEDGER.md, CSR
+// counts). Otherwise the per-nonzero math.
 constexpr int64_t kCsrTableCachedBytes = int64_t{32} << 20;
 constexpr int64_t kCsrTableMaxBytes = int64_t{256} << 20;
 
@@ -141,8 +140,7 @@ inline bool csr_forward_uses_table(int64_t V, int64_t Kt, int64_t counts, int64_
 // The entries a (column, count) of the table holds: for more than one
 // component, K rounded up to whole 16-byte loads where such a table is
 // taken, so that the components' walks gather their entries in 16-byte
-// loads (K = 16 at 200000 x 30000: 12.6 ms to 9.9); else K, and element
-// loads. 0: no table.
+// loads (docs/PERFORMANCE_LEDGER.md); else K, and element loads. 0: no table.
 inline int64_t csr_table_stride(int64_t V, int64_t K, int64_t counts, int64_t nnz,
                                 size_t elem_bytes) {
   const int64_t per_load = 16 / static_cast<int64_t>(elem_bytes);
@@ -164,64 +162,10 @@ inline bool csr_forward_short_rows(int64_t B, int64_t nnz, int rows) {
 
 // Components a walk of the table forward sums: 16 (one read of the values
 // for K = 16) where a warp takes a row, from 9 components; else 8, whose
-// registers leave room for more warps (K = 16 at 200000 x 30000: 9.9 ms in
-// walks of 8, 7.8 in walks of 16 at the same one block an SM; at 1000000 x
-// 50000, 32 rows a warp, K = 10: 4.3 ms in walks of 8, 5.1 in walks of 16).
+// registers leave room for more warps where a warp takes 32 rows
+// (docs/PERFORMANCE_LEDGER.md, CSR counts).
 inline int csr_walk_components(int64_t K, bool short_rows) {
   return K > 8 && !short_rows ? 16 : 8;
-}
-
-// ---- log_lik_regression (See Note [Regression fusion]).
-
-// Threads per block of the fused regression kernels: each owns `cols`
-// consecutive columns of the block's tile of kRegressionThreads * cols.
-constexpr int kRegressionThreads = 256;
-
-// The largest P the fused kernels take; above it the entry points compute
-// X W + bias by a matmul and run log_lik's per-sample kernels.
-template <typename scalar_t>
-constexpr int64_t regression_max_fused_p() {
-  return std::is_same_v<scalar_t, float> ? 64 : 32;
-}
-
-// Counts a thread holds per batch of rows: rows per batch = this / cols
-// (16 bytes of float32 counts in flight per thread and batch).
-constexpr int kRegressionBatchCounts = 16;
-
-// f(cols, max_p, rows) as integral constants for P <= regression_max_fused_p:
-// max_p, P rounded up (W's tile holds max_p rows, padded with zeros), and
-// cols, so that a thread's dW accumulators (cols x max_p) stay at 64 registers
-// or fewer. One instantiation per case.
-template <typename scalar_t, typename F>
-void with_regression_shape(int64_t P, F&& f) {
-  auto call = [&](auto cols, auto max_p) {
-    f(cols, max_p, std::integral_constant<int, kRegressionBatchCounts / decltype(cols)::value>{});
-  };
-  using I1 = std::integral_constant<int, 1>;
-  using I2 = std::integral_constant<int, 2>;
-  using I4 = std::integral_constant<int, 4>;
-  using P8 = std::integral_constant<int, 8>;
-  using P16 = std::integral_constant<int, 16>;
-  using P32 = std::integral_constant<int, 32>;
-  if constexpr (std::is_same_v<scalar_t, float>) {
-    if (P <= 8) return call(I4{}, P8{});
-    if (P <= 16) return call(I4{}, P16{});
-    if (P <= 32) return call(I2{}, P32{});
-    return call(I1{}, std::integral_constant<int, 64>{});
-  } else {
-    if (P <= 8) return call(I2{}, P8{});
-    if (P <= 16) return call(I1{}, P16{});
-    return call(I1{}, P32{});
-  }
-}
-
-// Row groups (grid x) of the fused kernels over `tiles` column tiles (grid
-// y): one wave of resident blocks (See Note [One wave]), no group shorter
-// than a batch of rows. A function of the shape and the device only, so the
-// backward's dW partials keep one order (See Note [Determinism]).
-inline int64_t regression_row_groups(int64_t B, int64_t tiles, int rows_per_batch, int64_t wave) {
-  const int64_t by_rows = (B + rows_per_batch - 1) / rows_per_batch;
-  return std::max<int64_t>(1, std::min(by_rows, wave / std::max<int64_t>(tiles, 1)));
 }
 
 }  // namespace cuda

@@ -1,6 +1,7 @@
 // Host tensor helpers of the CUDA launchers.
 #pragma once
 
+#include <torch/csrc/stable/accelerator.h>
 #include <torch/csrc/stable/ops.h>
 #include <torch/csrc/stable/tensor.h>
 
@@ -31,6 +32,16 @@ inline Tensor native_counts(const Tensor& counts) {
       return as_contiguous(counts);
   }
 }
+
+// The Device of op_args.h's argument structs: the call's device selected
+// for its lifetime, the counts as native_counts makes them.
+struct CudaDevice {
+  struct Guard {
+    torch::stable::accelerator::DeviceGuard guard;
+    explicit Guard(const Tensor& t) : guard(t.get_device_index()) {}
+  };
+  static Tensor counts(const Tensor& counts) { return native_counts(counts); }
+};
 
 }  // namespace cuda
 }  // namespace dirmult

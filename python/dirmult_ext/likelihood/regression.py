@@ -1,5 +1,5 @@
 """The public DM regression: per-row concentrations from covariates,
-``log_alpha = X @ W + bias``, inside one fused op."""
+``log_alpha = X @ W + bias``, inside one op."""
 from __future__ import annotations
 
 from typing import Optional

@@ -1,8 +1,8 @@
 """dirmult::log_lik_regression: its fake
 kernels, its autograd formula and the eager fast path's call of it. The
 concentrations are ``log_alpha = X @ W + bias`` per row, computed inside the
-kernels (See Note [Regression fusion]); there is no gradient with respect to
-the counts."""
+op (See Note [Regression fusion]); there is no gradient with respect to the
+counts."""
 from __future__ import annotations
 
 import torch

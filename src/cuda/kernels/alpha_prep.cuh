@@ -28,7 +28,7 @@ constexpr int kPrepThreads = 256;
 // Partial totals per component; each is a fixed slice of columns, summed in
 // order by alpha_total(), so A is the same bits in every kernel and run.
 // A column per thread up to 32 blocks: the table kernels wait for this
-// (a block of 1024 columns made the tall forward ~2 us slower).
+// (a block of 1024 columns was slower: docs/PERFORMANCE_LEDGER.md).
 constexpr int kMaxPrepBlocks = 32;
 constexpr int kPrepColumnsPerBlock = 256;
 
@@ -76,7 +76,7 @@ __device__ __forceinline__ void prep_alpha_slice_group(const scalar_t* __restric
     finite = finite && is_finite(la);
   };
   // Loads in flight before they are used: a slice of V / 32 columns is many
-  // loads per thread for large V (8: 32x1048576 forward 142 -> 127 us).
+  // loads per thread for large V (8 in flight: docs/PERFORMANCE_LEDGER.md).
   // kPrepThreads, read at run time: with the constant, ptxas spilled (the
   // same code, 40 registers and 8 bytes of stack instead of 48 registers).
   const unsigned stride = blockDim.x / kGroups;

@@ -89,8 +89,7 @@ __global__ void __launch_bounds__(kWeightThreads)
   if (threadIdx.x == 0) Wpart[static_cast<int64_t>(k) * gridDim.x + blockIdx.x] = w;
 }
 
-// (At tall, 262 row tiles, this kernel takes ~9 us: 33 tiles per warp. 512
-// or 1024 threads made ptxas spill; not pursued.)
+// 256 threads: 512 or 1024 made ptxas spill (docs/PERFORMANCE_LEDGER.md).
 constexpr int kFinishThreads = 256;
 constexpr int kFinishWarps = kFinishThreads / 32;
 

@@ -72,13 +72,11 @@ constexpr int csr_loads_in_flight() {
   return KW == 1 ? 4 : 2;
 }
 // With many components a walk gathers the U nonzeros' table entries before
-// it uses any, so that their latencies overlap too (K = 16: 11.1 ms to 10.3);
-// a single component's walk gathers each as it adds it and runs 4 blocks an
-// SM instead in float32 (64 registers): 0.84x to 0.95x the time of the
-// hoisted gathers at 3 blocks an SM. Walks of 16 in float32 run 2 blocks an
-// SM (128 registers, about 100 bytes spilled): K = 16 at 200000 x 30000
-// 7.64 ms at one block (168 registers, 12.5% occupancy) to 5.69
-// (docs/PERFORMANCE_LEDGER.md, CSR counts).
+// it uses any, so that their latencies overlap too; a single component's
+// walk gathers each as it adds it and runs 4 blocks an SM instead in float32
+// (64 registers), faster than the hoisted gathers at 3. Walks of 16 in
+// float32 run 2 blocks an SM (128 registers, about 100 bytes spilled) rather
+// than one at 168 registers (docs/PERFORMANCE_LEDGER.md, CSR counts).
 template <int KW>
 constexpr bool csr_hoists_gathers() {
   return KW > 1;

@@ -38,9 +38,8 @@ __device__ __forceinline__ void finish_pair(const RowPartial* __restrict__ parti
   if (!per_sample && !per_thread) alpha.load(Apart, k, nblk_alpha);
   double s = 0.0, N = 0.0, norm = 0.0, A = 0.0;
   // The four fields in one pass, several partials' loads in flight (a
-  // pass per field, as warp_ordered_sum, waited for the L2 four times as
-  // often: wide's finish took 4.5 us); each field is summed in the same
-  // order either way.
+  // pass per field, as warp_ordered_sum, waits for the L2 four times as
+  // often); each field is summed in the same order either way.
   auto add = [&](const RowPartial& r) { s += r.s, N += r.n, norm += r.norm, A += r.a; };
   if (per_thread) {
 #pragma unroll 8

@@ -103,8 +103,7 @@ __device__ __forceinline__ void load_table_batch(const count_t* __restrict__ cou
 //
 // Launched as a dependent of prep_and_table_kernel (launch_dependent), so its
 // launch overlaps the table's preparation. (Prefetching the first rows to L2
-// before the wait was measured slower: tall 81.5 us with 4 rows per warp,
-// 80.6 with 2, 79.5 with none.)
+// before the wait was slower: docs/PERFORMANCE_LEDGER.md.)
 //
 // kFill: the block fills its table slice itself from log_alpha
 // (fill_table_slice; `table` is unused) while its first rows' loads are in

@@ -72,8 +72,8 @@ __device__ __forceinline__ PerSampleSums per_sample_warp_sums(const count_t* __r
 
 // Rows split into chunks: a warp per (row, chunk) sums its piece (the
 // grid of per_sample_grad_kernel), and each gradient warp adds its row's
-// pieces in order (per_sample_split_totals). A warp per row took 273 us
-// for the forward+backward of 3 rows of 70000 columns (the forward: 11).
+// pieces in order (per_sample_split_totals). A warp per row left few rows
+// on few SMs (docs/PERFORMANCE_LEDGER.md, per-sample alpha).
 template <typename count_t>
 __global__ void __launch_bounds__(kRowWarps * 32)
     per_sample_chunk_sums_kernel(const count_t* __restrict__ counts,

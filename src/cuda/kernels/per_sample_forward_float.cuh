@@ -1,8 +1,7 @@
 // Forward for per-sample float32 alpha ((B, V) log_alpha): every element
 // has its own concentration, so no table can serve it and the kernel is
 // bound by instruction issue, not bytes. It is written to a per-element
-// budget (tall 65536x1024, counts 0..9: forward_rows_per_sample_kernel's
-// 921 us -> 390 us per call, BENCHMARKS.md):
+// budget (docs/PERFORMANCE_LEDGER.md, per-sample alpha):
 //  * A: an accurate exp of every alpha (zero counts too), summed four at a
 //    time in float before the float64 add (float64 conversions run at a
 //    quarter of the FP32 rate on sm_90);
@@ -15,8 +14,8 @@
 //    a p in (1/e, e) without a log per count. Those counts' float32 values
 //    (one log of their a p's product per group of kGroup loads) are kept
 //    where the row's magnitudes bound their error; else they are redone in
-//    float64 after the group (redoing all of them was 19% of the tall
-//    forward's time at log_alpha ~ U(-2, 3): 345 -> 303 us without);
+//    float64 after the group (redoing all of them was slower:
+//    docs/PERFORMANCE_LEDGER.md);
 //  * counts off the exact path, bad ones and the cancelling ones redone
 //    are deferred: marked per lane, then every kGroup loads the warp's
 //    marks are queued in shared memory and spread over its lanes.
@@ -74,9 +73,8 @@ __device__ __forceinline__ void stage_step(unsigned dst, const count_t* __restri
 // Four blocks per SM (64 registers). Unbounded, the normalize variants take
 // 77-79 registers (three blocks) and float64 counts 74; the fourth block
 // pays for the stack: 8 bytes for float32 counts, 16 for uint8, 24 for
-// float64, 32 for the normalize variants (tall normalized 345 -> 320 us when
-// the bound came in; plain, with the stepped pointers below, unbounded
-// against bounded: tall 240.6 -> 237.6 us, the same bits).
+// float64, 32 for the normalize variants (faster either way, the same bits:
+// docs/PERFORMANCE_LEDGER.md).
 template <typename count_t, bool normalize>
 __global__ void __launch_bounds__(kRowWarps * 32, 4)
     forward_per_sample_float_kernel(const count_t* __restrict__ counts,
@@ -90,8 +88,7 @@ __global__ void __launch_bounds__(kRowWarps * 32, 4)
   __shared__ uint16_t queue[kRowWarps][32 * 4 * kGroup];
   // Each warp's next whole step is staged in shared memory (double-buffered,
   // cp.async), so that its loads are in flight while the warp computes the
-  // current one (tall normalized 302 -> 283 us; plain 235.5 -> 233.8 once
-  // the addresses were cheap, mid 35.2 -> 33.6).
+  // current one (docs/PERFORMANCE_LEDGER.md).
   __shared__ float4 stage[kRowWarps][2][kCountParts<count_t> + 1][32];
   if (normalize && threadIdx.x < kTableWidth) {
     log_fact[threadIdx.x] = log_factorial(static_cast<float>(threadIdx.x));
@@ -264,9 +261,8 @@ __global__ void __launch_bounds__(kRowWarps * 32, 4)
       // The counts left (off the exact path, bad, cancelling and redone):
       // queued in shared memory, then spread over the warp's lanes (a lane's
       // own would keep the warp for as many rounds as the lane with the
-      // most: 416 vs 382 us; spread_marks, which hands each value back to
-      // its lane, was slower here: 529 vs 403 us with most counts
-      // cancelling and redone, log_alpha ~ U(-2, 0)).
+      // most; spread_marks, which hands each value back to its lane, was
+      // slower here: docs/PERFORMANCE_LEDGER.md).
       if (__any_sync(0xffffffffu, slow != 0)) {
         const int lane = threadIdx.x & 31;
         // The group's first column, as offsets from the lane's pointers.

@@ -6,7 +6,7 @@
 // the backward, and at the large shapes both kernels are bound by those
 // reads. For a loss that sums the rows, every row's weight in the backward
 // is the same number g, so the backward is g times the gradient of the sum,
-// which this kernel computes during the forward (python/dirmult_ext/_ops.py
+// which this kernel computes during the forward (python/dirmult_ext/ops/dispatch.py
 // tells a uniform g from the incoming gradient's strides):
 //
 //   with_grad_kernel: column_backward_kernel's structure (a block owns 1024

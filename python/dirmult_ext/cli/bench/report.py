@@ -352,7 +352,7 @@ def report(result: dict, markdown: bool) -> str:
         out.append(regression_table(reg, markdown))
         if markdown:
             out.append("")
-        out.append(f"{b}regression: fused forward {reg['ratio_fwd_floor']:.2f}x the floor "
+        out.append(f"{b}regression: the op's forward {reg['ratio_fwd_floor']:.2f}x the floor "
                    f"(target 1.5x), forward+backward {reg['ratio_fwdbwd_floor']:.2f}x (target "
                    f"3x); {reg['speedup_fwd_vs_unfused']:.2f}x (fwd), "
                    f"{reg['speedup_fwdbwd_vs_unfused']:.2f}x (fwd+bwd) faster than X @ W + "

@@ -28,9 +28,9 @@ def rows_log_lik(counts: Tensor, X: Tensor, W: Tensor, bias: Optional[Tensor],
                   normalize: bool) -> Tensor:
     """Per-row DM log-likelihood (B,) with log alpha = X @ W + bias;
     differentiable with respect to X, W and bias. The one place the
-    regression computes the likelihood: the fused op on the CPU; on CUDA
-    ``X @ W + bias`` then the per-sample ``log_lik``, 2.7x faster there than
-    the fused kernels today (BENCHMARKS.md, DM regression)."""
+    regression computes the likelihood: the op on the CPU (fused there); on
+    CUDA ``X @ W + bias`` then the per-sample ``log_lik``, the composition
+    the op runs there (Note [Regression fusion])."""
     if not counts.is_cuda:
         return log_lik_regression(counts, X, W, bias, normalize=normalize)
     eta = X @ W
