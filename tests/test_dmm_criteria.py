@@ -127,7 +127,7 @@ def test_prior_and_k_errors():
         fit_mixture(x, range(1, 30))
     with pytest.raises(ValueError, match="k"):
         fit_mixture(x, [2, 2])
-    with pytest.raises(ValueError, match="k"):
+    with pytest.raises(TypeError, match="k"):
         fit_mixture(x, True)
 
 

@@ -308,11 +308,11 @@ def test_single_pass_matches_forward_and_backward_ops(device, compute, normalize
 
 
 def test_single_pass_serves_sums_without_the_column_sorted_copy(monkeypatch):
-    import dirmult_ext.data.sparse_counts as sparse_module
+    import dirmult_ext.ops.csr as csr_module
     dense, la = _single_pass_case()
     calls = []
-    build = sparse_module.csc_parts
-    monkeypatch.setattr(sparse_module, "csc_parts", lambda *a: calls.append(1) or build(*a))
+    build = csr_module.csc_parts
+    monkeypatch.setattr(csr_module, "csc_parts", lambda *a: calls.append(1) or build(*a))
     sc = SparseCounts.from_dense(dense)
     leaf = la.clone().requires_grad_(True)
     out = dirmult_ext.log_lik(sc, leaf)

@@ -52,7 +52,7 @@ def child(result_path: str, cli_args) -> int:
     import torch
     import dirmult_ext
     from dirmult_ext.cli import fit as fit_cli
-from dirmult_ext.models import mixture
+    from dirmult_ext.models import mixture
     from dirmult_ext import io
     from dirmult_ext.data.row_stream import matrix_bytes
     cuda = "cuda" in " ".join(cli_args)
