@@ -5,13 +5,15 @@ Two tiers:
 
 * the Python API's (``likelihood/``): ``TypeError``/``ValueError`` that name the
   argument and what was expected, before any op is called;
-* the ops' (``op_*``): ``RuntimeError``, the same checks and messages as
+* the ops' (``OP_CHECKS``, one entry per op): ``RuntimeError``, the same checks and messages as
   ``src/common/tensor_checks.h``, run before the kernels where a C++ error
   would not reach Python (see Note [Stable ABI errors]).
 
 Every check reads only tensor metadata: none reads the device.
 """
 from __future__ import annotations
+
+import functools
 
 import torch
 from torch import Tensor
@@ -162,7 +164,7 @@ def _counts(counts: Tensor) -> None:
         _fail("counts must be float32, float64, float16, bfloat16, int32, int64 or uint8")
 
 
-def _log_lik(counts: Tensor, log_alpha: Tensor) -> bool:
+def _log_lik(counts: Tensor, log_alpha: Tensor, *_) -> bool:
     """check_log_alpha: True when log_alpha is shared by all rows."""
     _counts(counts)
     _dense(log_alpha, "log_alpha")
@@ -183,7 +185,7 @@ def _log_lik(counts: Tensor, log_alpha: Tensor) -> bool:
     return counts.dim() == 1
 
 
-def _components(counts: Tensor, log_alpha: Tensor) -> None:
+def _components(counts: Tensor, log_alpha: Tensor, *_) -> None:
     _counts(counts)
     _dense(log_alpha, "log_alpha")
     if counts.dim() != 2:
@@ -205,11 +207,8 @@ def _grad(grad: Tensor, counts: Tensor, log_alpha: Tensor) -> None:
         _fail("grad must have log_alpha's dtype")
 
 
-# One per op, taking the op's arguments (trailing defaults may be left out).
-def op_log_lik(counts, log_alpha, *_):
-    _log_lik(counts, log_alpha)
-
-
+# The checks of the ops with more than their family's: each takes the op's
+# arguments (trailing defaults may be left out).
 def op_log_lik_with_grad(counts, log_alpha, *_):
     if not _log_lik(counts, log_alpha):
         _fail("log_lik_with_grad takes log_alpha of shape (V,), shared by all rows; "
@@ -230,10 +229,6 @@ def _batch_numel(counts: Tensor) -> int:
     return n
 
 
-def op_log_lik_components(counts, log_alpha, *_):
-    _components(counts, log_alpha)
-
-
 def op_log_lik_components_backward(grad, counts, log_alpha, *_):
     _components(counts, log_alpha)
     _dense(grad, "grad")
@@ -244,7 +239,7 @@ def op_log_lik_components_backward(grad, counts, log_alpha, *_):
         _fail("grad must have log_alpha's dtype")
 
 
-def _elementwise_terms(op, log_alpha, n):
+def _elementwise_terms(op, log_alpha, n, *_):
     _dense(log_alpha, "log_alpha")
     _dense(n, "n")
     if log_alpha.dtype not in COMPUTE_DTYPES or n.dtype != log_alpha.dtype:
@@ -254,15 +249,7 @@ def _elementwise_terms(op, log_alpha, n):
     _same_device(log_alpha, "log_alpha", n, "n")
 
 
-def op_poch_terms(log_alpha, n, *_):
-    _elementwise_terms("poch_terms", log_alpha, n)
-
-
-def op_tpoch_terms(log_alpha, n, *_):
-    _elementwise_terms("tpoch_terms", log_alpha, n)
-
-
-def _csr_parts(crow, col, values, log_alpha) -> None:
+def _csr_parts(crow, col, values, log_alpha, *_) -> None:
     for t, name in ((crow, "crow_indices"), (col, "col_indices"), (values, "values"),
                     (log_alpha, "log_alpha")):
         _dense(t, name)
@@ -285,10 +272,6 @@ def _csr_parts(crow, col, values, log_alpha) -> None:
     _same_device(crow, "crow_indices", log_alpha, "log_alpha")
     if log_alpha.is_cuda and log_alpha.dim() == 2 and log_alpha.shape[0] > 65535:
         _fail("at most 65535 components with CSR counts on CUDA")
-
-
-def op_log_lik_csr(crow, col, values, log_alpha, *_):
-    _csr_parts(crow, col, values, log_alpha)
 
 
 def op_log_lik_csr_with_grad(crow, col, values, log_alpha, *_):
@@ -321,7 +304,7 @@ def op_log_lik_csr_backward(grad, crow, values, csc_ptr, csc_rows, csc_values, l
     _same_device(crow, "crow_indices", csc_values, "csc_values")
 
 
-def _regression(counts, X, W, bias) -> None:
+def _regression(counts, X, W, bias=None, *_) -> None:
     """check_regression."""
     _counts(counts)
     if counts.dim() != 2:
@@ -353,10 +336,6 @@ def _regression(counts, X, W, bias) -> None:
         _same_device(counts, "counts", bias, "bias")
 
 
-def op_log_lik_regression(counts, X, W, bias=None, *_):
-    _regression(counts, X, W, bias)
-
-
 def op_log_lik_regression_backward(grad, counts, X, W, bias=None, *_):
     _regression(counts, X, W, bias)
     _dense(grad, "grad")
@@ -367,17 +346,19 @@ def op_log_lik_regression_backward(grad, counts, X, W, bias=None, *_):
         _fail(f"grad must be (B,) with B={counts.shape[0]}")
 
 
+# One entry per op: its family's check, or the op's own above. A new op of an
+# existing family adds one line here.
 OP_CHECKS = {
-    "log_lik": op_log_lik,
+    "log_lik": _log_lik,
     "log_lik_backward": op_log_lik_backward,
     "log_lik_with_grad": op_log_lik_with_grad,
-    "log_lik_components": op_log_lik_components,
+    "log_lik_components": _components,
     "log_lik_components_backward": op_log_lik_components_backward,
-    "poch_terms": op_poch_terms,
-    "tpoch_terms": op_tpoch_terms,
-    "log_lik_csr": op_log_lik_csr,
+    "poch_terms": functools.partial(_elementwise_terms, "poch_terms"),
+    "tpoch_terms": functools.partial(_elementwise_terms, "tpoch_terms"),
+    "log_lik_csr": _csr_parts,
     "log_lik_csr_backward": op_log_lik_csr_backward,
     "log_lik_csr_with_grad": op_log_lik_csr_with_grad,
-    "log_lik_regression": op_log_lik_regression,
+    "log_lik_regression": _regression,
     "log_lik_regression_backward": op_log_lik_regression_backward,
 }
