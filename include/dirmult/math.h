@@ -265,6 +265,9 @@ DM_HOST_DEVICE T dpoch_stirling(T a, T n) {
 template <typename T>
 DM_RARE_PATH T lnpoch_general(T a, T log_a, T n) {
   const T lo = Tuning<T>::kStirlingMin;
+  // a overflowed (log a beyond the dtype's exp range): lnpoch = n log a +
+  // n (n - 1) / (2 a) + ..., whose correction is 0 at this a.
+  if (a == T(INFINITY)) return n * log_a;
   if (a >= lo) return lnpoch_stirling(a, log_a, n);
   const int m = static_cast<int>(dm_ceil(lo - a));
   const T am = a + T(m);
@@ -283,6 +286,7 @@ DM_RARE_PATH T lnpoch_general(T a, T log_a, T n) {
 template <typename T>
 DM_RARE_PATH T adpoch_general(T a, T n) {
   const T lo = Tuning<T>::kStirlingMin;
+  if (a == T(INFINITY)) return n;  // the limit of a dpoch(a, n) (inf * 0 below)
   if (a >= lo) return a * dpoch_stirling(a, n);
   const int m = static_cast<int>(dm_ceil(lo - a));
   // a * sum_{k<m} [1/(a+k) - 1/(a+n+k)] = n/(a+n) + sum_{k>=1} a n / ((a+k)(a+n+k)),
@@ -518,10 +522,83 @@ DM_HOST_DEVICE T dpoch(T a, T n) {
   return adpoch(a, n) / a;
 }
 
+// ---------------------------------------------------------------------------
+// The concentration total A = sum_v exp(log_alpha_v) of a row or component.
+// Kernels sum the dtype's exps in double; that sum is A unless log alpha
+// leaves the dtype's exp range: exps that overflow make it inf, and where
+// every alpha is tiny (subnormal or flushed to 0) it is 0 or loses its
+// digits. There (`scaled`) log A is taken as a log-sum-exp of log_alpha in
+// double and A = exp(log A) (0 or inf where it leaves double's range too):
+// the row term lnpoch(A, N) is right from log A (the exact path's log a and
+// n log a, the general path's limits above), and the gradient's
+// a_v dpoch(A, N) is written (a_v / A) adpoch(A, N), both finite.
+// ---------------------------------------------------------------------------
+template <typename T>
+struct TotalRange;
+template <>
+struct TotalRange<float> {
+  // Float32 exps below 2^-126 are subnormal (an absolute error of 2^-150
+  // each): from A >= 2^-90 they move A by under 2^-60 V relatively.
+  static constexpr double kMin = 0x1p-90;
+};
+template <>
+struct TotalRange<double> {
+  static constexpr double kMin = 0x1p-960;
+};
+
+struct LogTotal {
+  double A, log_A;
+  bool scaled;
+
+  // The row's weight in the gradient of log_alpha: dpoch(A, N), or
+  // adpoch(A, N) = A dpoch(A, N) where scaled.
+  DM_HOST_DEVICE double row_weight(double N) const;
+  // The factor of column v's row weight: a_v, or a_v / A where scaled.
+  template <typename T>
+  DM_HOST_DEVICE double column_factor(T a, T log_a) const {
+    return scaled ? dm_exp(static_cast<double>(log_a) - log_A) : static_cast<double>(a);
+  }
+};
+
+// Whether a sum of the dtype's exps A needs the log-space total (NaN: no,
+// it stays NaN).
+template <typename T>
+DM_HOST_DEVICE bool total_out_of_range(double A) {
+  return A < TotalRange<T>::kMin || A == double(INFINITY);
+}
+
+// The total from the kernels' sum A; lse() gives log A from log_alpha when
+// A is out of range (called only then).
+template <typename T, typename Lse>
+DM_HOST_DEVICE LogTotal make_log_total(double A, Lse lse) {
+  if (!total_out_of_range<T>(A)) return {A, dm_log(A), false};
+  const double l = lse();
+  return {dm_exp(l), l, true};
+}
+
+// log sum_i exp(la[i * stride]), i < n, in double (NaN if any is NaN).
+template <typename T>
+inline double log_sum_exp(const T* la, int64_t n, int64_t stride = 1) {
+  double m = -double(INFINITY);
+  for (int64_t i = 0; i < n; ++i) {
+    const double l = static_cast<double>(la[i * stride]);
+    if (l != l) return l;
+    m = l > m ? l : m;
+  }
+  if (!(m > -double(INFINITY) && m < double(INFINITY))) return m;
+  double s = 0.0;
+  for (int64_t i = 0; i < n; ++i) s += dm_exp(static_cast<double>(la[i * stride]) - m);
+  return m + dm_log(s);
+}
+
 // log(n!) = lnpoch(1, n): the multinomial coefficient's pieces.
 template <typename T>
 DM_HOST_DEVICE T log_factorial(T n) {
   return lnpoch(T(1), T(0), n);
+}
+
+DM_HOST_DEVICE double LogTotal::row_weight(double N) const {
+  return scaled ? adpoch<double>(A, N) : dpoch<double>(A, N);
 }
 
 // digamma(x), x > 0: recurrence up to kStirlingMin, then the series.

@@ -41,6 +41,7 @@ struct CsrAlpha {
   int64_t V, K;
   std::vector<CsrColumn<T>> cols;
   std::vector<double> A;
+  std::vector<LogTotal> log_A;  // A_k with log A_k (See math.h, LogTotal)
   std::vector<char> finite;
   // lnpoch(a_kc, n), n = 1 .. kMaxExactCount, laid out (V, n, K); empty
   // unless fill_table ran (See Note [CSR tables]).
@@ -102,6 +103,11 @@ struct CsrAlpha {
         finite[k] = finite[k] && part_finite[b * K + k];
       }
     }
+    log_A.resize(K);
+    for (int64_t k = 0; k < K; ++k) {
+      log_A[k] = make_log_total<T>(A[k], [&] { return log_sum_exp(la + k * V, V); });
+      A[k] = log_A[k].A;
+    }
   }
 };
 
@@ -117,8 +123,8 @@ inline void adpoch_entries(const CsrColumn<T>& cs, T* dst, int64_t stride) {
 }
 
 // -lnpoch(A, N) [+ log N! when normalized]: the dense kernels' row term.
-inline double csr_row_term(double A, double N, bool normalize) {
-  double t = -lnpoch<double>(A, std::log(A), N);
+inline double csr_row_term(const LogTotal& A, double N, bool normalize) {
+  double t = -lnpoch<double>(A.A, A.log_A, N);
   if (normalize) t += log_factorial<double>(N);
   return t;
 }

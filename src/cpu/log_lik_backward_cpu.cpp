@@ -73,10 +73,10 @@ RowSums row_count_sums(const count_t* counts, const scalar_t* la, bool shared, i
 // Row totals N_b and A_b (A_b = A for shared alpha); NaN N_b marks a bad row.
 template <typename scalar_t, typename count_t>
 void row_totals(const count_t* counts, const scalar_t* la, bool shared,
-                int64_t b, int64_t V, double shared_A, double& N, double& A) {
+                int64_t b, int64_t V, const LogTotal& shared_A, double& N, LogTotal& A) {
   const RowSums r = row_count_sums<scalar_t, count_t>(counts, la, shared, b, V, 0, V);
   N = r.ok ? r.N : kNaN;
-  A = shared ? shared_A : r.A;
+  A = shared ? shared_A : row_log_total(r.A, la + b * V, V);
 }
 
 // backward_shared for a few long rows: the row totals by column chunks,
@@ -98,7 +98,7 @@ void backward_shared_few_rows(const scalar_t* grad, const count_t* counts,
   double S = 0.0;
   for (int64_t b = 0; b < B; ++b) {
     const double g = static_cast<double>(grad[b]);
-    if (g != 0.0) S += N[b] == N[b] ? g * dpoch<double>(sa.total, N[b]) : kNaN;
+    if (g != 0.0) S += N[b] == N[b] ? g * sa.log_total.row_weight(N[b]) : kNaN;
   }
   if (!sa.finite) S = kNaN;
   torch::stable::parallel_for(0, V, parallel_grain(B, kColumnChunk / 4), [&](int64_t v0, int64_t v1) {
@@ -130,7 +130,8 @@ void backward_shared_few_rows(const scalar_t* grad, const count_t* counts,
             }
           }
           for (int j = 0; j < 8; ++j) {
-            grad_la[v + j] = static_cast<scalar_t>(c[j] - static_cast<double>(sa.alpha[v + j]) * S);
+            grad_la[v + j] = static_cast<scalar_t>(
+                c[j] - sa.log_total.column_factor(sa.alpha[v + j], sa.log_alpha[v + j]) * S);
           }
         }
       }
@@ -141,9 +142,13 @@ void backward_shared_few_rows(const scalar_t* grad, const count_t* counts,
         const scalar_t n = static_cast<scalar_t>(counts[b * V + v]);
         // (A bad count's row has N[b] NaN: S and so the gradient are NaN.)
         if (n == scalar_t(0) || grad[b] == scalar_t(0) || !is_valid_count(n)) continue;
-        c += static_cast<double>(grad[b]) * static_cast<double>(term(v, n));
+        const count_t x = counts[b * V + v];
+        c += static_cast<double>(grad[b]) * (count_rounds<scalar_t>(x)
+                                                 ? count_adpoch_f64(sa.log_alpha[v], x)
+                                                 : static_cast<double>(term(v, n)));
       }
-      grad_la[v] = static_cast<scalar_t>(c - static_cast<double>(sa.alpha[v]) * S);
+      grad_la[v] = static_cast<scalar_t>(
+          c - sa.log_total.column_factor(sa.alpha[v], sa.log_alpha[v]) * S);
     }
   });
 }
@@ -168,7 +173,9 @@ double add_row_gradient(const count_t* row, int64_t V, double g,
       return;
     }
     rare_N += static_cast<double>(row[v]);
-    c[v] += g * static_cast<double>(adpoch(sa.factors[v], sa.alpha[v], n));
+    c[v] += g * (count_rounds<scalar_t>(row[v]) ? count_adpoch_f64(sa.log_alpha[v], row[v])
+                                                : static_cast<double>(
+                                                      adpoch(sa.factors[v], sa.alpha[v], n)));
   };
   if (table.empty()) {
     int64_t v = 0;
@@ -255,13 +262,13 @@ void backward_shared(const scalar_t* grad, const count_t* counts, const scalar_t
         const double g = grad != nullptr ? static_cast<double>(grad[b]) : 1.0;
         if (g == 0.0) continue;  // See Note [Zero-weight rows]
         const double N = add_row_gradient<scalar_t, count_t>(row, V, g, table, sa, c);
-        s += N == N ? g * dpoch<double>(sa.total, N) : kNaN;
+        s += N == N ? g * sa.log_total.row_weight(N) : kNaN;
         if constexpr (kRows) {
           // The row's log-likelihood summed as forward_rows sums it (the
           // same bits), in a second pass over the row, from the cache.
           const RowSums r = lnp_row_sums<scalar_t, count_t>(row, 0, V, lnp, sa, rows.normalize);
           rows.out[b] = static_cast<scalar_t>(
-              r.ok && sa.finite ? r.s + row_term(sa.total, r.N, rows.normalize) : kNaN);
+              r.ok && sa.finite ? r.s + row_term(sa.log_total, r.N, rows.normalize) : kNaN);
         }
       }
       s_part[k] = s;
@@ -273,7 +280,7 @@ void backward_shared(const scalar_t* grad, const count_t* counts, const scalar_t
   for (int64_t v = 0; v < V; ++v) {
     double c = 0.0;
     for (int64_t k = 0; k < nblk; ++k) c += col[k * V + v];
-    grad_la[v] = static_cast<scalar_t>(c - static_cast<double>(sa.alpha[v]) * S);
+    grad_la[v] = static_cast<scalar_t>(c - sa.log_total.column_factor(sa.alpha[v], la[v]) * S);
   }
 }
 
@@ -298,26 +305,32 @@ template <typename scalar_t, typename count_t>
 void backward_rows(const scalar_t* grad, const count_t* counts,
                    const scalar_t* la, bool shared, int64_t B, int64_t V,
                    bool normalize, scalar_t* grad_la, scalar_t* grad_counts) {
-  const double shared_A = shared ? SharedAlpha<scalar_t>(la, V).total : 0.0;
+  const LogTotal shared_A = shared ? SharedAlpha<scalar_t>(la, V).log_total : LogTotal{};
   torch::stable::parallel_for(0, B, parallel_grain(V, 16), [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
-      double N, A;
-      row_totals<scalar_t, count_t>(counts, la, shared, b, V, shared_A, N, A);
+      double N;
+      LogTotal LA;
+      row_totals<scalar_t, count_t>(counts, la, shared, b, V, shared_A, N, LA);
+      const double A = LA.A;
       const double g = static_cast<double>(grad[b]);
       const scalar_t* lrow = shared ? la : la + b * V;
       const count_t* row = counts + b * V;
       if (grad_la != nullptr) {
-        const double d = dpoch<double>(A, N);
+        const double d = LA.row_weight(N);
         // (A bad count makes N, d and the row's gradient NaN.)
         auto scalar_term = [&](int64_t v) {
           const scalar_t a = dm_exp(lrow[v]);
           const scalar_t n = static_cast<scalar_t>(row[v]);
-          const double t = is_valid_count(n) ? static_cast<double>(adpoch(a, n)) : kNaN;
-          grad_la[b * V + v] = static_cast<scalar_t>(g * (t - static_cast<double>(a) * d));
+          const double t = !is_valid_count(n)           ? kNaN
+                           : count_rounds<scalar_t>(row[v]) ? count_adpoch_f64(lrow[v], row[v])
+                                                            : static_cast<double>(adpoch(a, n));
+          grad_la[b * V + v] =
+              static_cast<scalar_t>(g * (t - LA.column_factor(a, lrow[v]) * d));
         };
         bool done = false;
         if constexpr (std::is_same_v<scalar_t, float>) {
-          if (!shared && cpu::per_sample_avx2_available()) {
+          // (A scaled total's rows take the scalar path: the lanes take a_v d.)
+          if (!shared && !LA.scaled && cpu::per_sample_avx2_available()) {
             per_sample_grad_avx2<count_t>(row, lrow, V, g, d, grad_la + b * V, scalar_term);
             done = true;
           }

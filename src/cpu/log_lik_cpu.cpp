@@ -31,7 +31,7 @@ void forward_shared(const count_t* counts, const scalar_t* la, int64_t B, int64_
   };
   for_each_row(B, V, part, [&](int64_t b, const RowSums& r) {
     const bool ok = r.ok && sa.finite;
-    out[b * stride] = static_cast<scalar_t>(ok ? r.s + row_term(sa.total, r.N, normalize) : kNaN);
+    out[b * stride] = static_cast<scalar_t>(ok ? r.s + row_term(sa.log_total, r.N, normalize) : kNaN);
   });
 }
 
@@ -75,13 +75,18 @@ void forward_rows(const count_t* counts, const scalar_t* la, bool shared,
         continue;
       }
       r.N += static_cast<double>(row[v]);
+      if (count_rounds<scalar_t>(row[v])) {
+        r.s += count_term_f64(lrow[v], row[v], normalize);
+        continue;
+      }
       r.s += lnpoch(a, lrow[v], n);
       if (normalize) r.s -= log_factorial(n);
     }
     return r;
   };
   for_each_row(B, V, part, [&](int64_t b, const RowSums& r) {
-    out[b] = static_cast<scalar_t>(r.ok ? r.s + row_term(r.A, r.N, normalize) : kNaN);
+    out[b] = static_cast<scalar_t>(
+        r.ok ? r.s + row_term(row_log_total(r.A, la + b * V, V), r.N, normalize) : kNaN);
   });
 }
 

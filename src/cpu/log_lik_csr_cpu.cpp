@@ -74,7 +74,7 @@ void csr_forward(const index_t* crow, const index_t* col, const value_t* val, in
       }
       for (int64_t k = 0; k < K; ++k) {
         out[b * K + k] = static_cast<scalar_t>(
-            ok && p.finite[k] ? s[k] + csr_row_term(p.A[k], N, normalize) : kNaN);
+            ok && p.finite[k] ? s[k] + csr_row_term(p.log_A[k], N, normalize) : kNaN);
       }
     }
   });
@@ -102,7 +102,7 @@ void csr_backward(const scalar_t* grad, const index_t* crow, const value_t* val,
         }
         for (int64_t k = 0; k < K; ++k) {
           const double g = static_cast<double>(grad[b * K + k]);
-          if (g != 0.0) part[blk * K + k] += N == N ? g * dpoch<double>(p.A[k], N) : kNaN;
+          if (g != 0.0) part[blk * K + k] += N == N ? g * p.log_A[k].row_weight(N) : kNaN;
         }
       }
     }
@@ -156,7 +156,8 @@ void csr_backward(const scalar_t* grad, const index_t* crow, const value_t* val,
         }
       }
       for (int64_t k = 0; k < K; ++k) {
-        grad_la[k * V + v] = static_cast<scalar_t>(c[k] - static_cast<double>(cs[k].a) * S[k]);
+        grad_la[k * V + v] = static_cast<scalar_t>(
+            c[k] - p.log_A[k].column_factor(cs[k].a, cs[k].log_a) * S[k]);
       }
     }
   });

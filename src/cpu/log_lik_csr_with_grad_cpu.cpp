@@ -49,7 +49,7 @@ void csr_with_grad(const index_t* crow, const index_t* col, const value_t* val, 
   const bool tables = !p.table.empty();
   const std::vector<scalar_t> ad = tables ? adpoch_entries(p) : std::vector<scalar_t>();
   const auto& log_fact = small_log_factorials<scalar_t>();
-  const double A = p.A[0];
+  const LogTotal& A = p.log_A[0];
   // Row blocks: whole kCsrRowBlock sub-blocks, at most kCsrGradBlocks of
   // them, so that the accumulators take at most kCsrGradBlocks x V doubles.
   const int64_t subs = (B + kCsrRowBlock - 1) / kCsrRowBlock;
@@ -96,7 +96,7 @@ void csr_with_grad(const index_t* crow, const index_t* col, const value_t* val, 
         }
         out[b] = static_cast<scalar_t>(ok && p.finite[0] ? s + csr_row_term(A, N, normalize)
                                                          : kNaN);
-        part[b / kCsrRowBlock] += N == N ? dpoch<double>(A, N) : kNaN;
+        part[b / kCsrRowBlock] += N == N ? A.row_weight(N) : kNaN;
       }
     }
   });
@@ -107,7 +107,7 @@ void csr_with_grad(const index_t* crow, const index_t* col, const value_t* val, 
     for (int64_t v = v0; v < v1; ++v) {
       double c = 0.0;
       for (int64_t blk = 0; blk < blocks; ++blk) c += acc[blk * V + v];
-      grad[v] = static_cast<scalar_t>(c - static_cast<double>(p.cols[v].a) * S);
+      grad[v] = static_cast<scalar_t>(c - A.column_factor(p.cols[v].a, p.cols[v].log_a) * S);
     }
   });
 }

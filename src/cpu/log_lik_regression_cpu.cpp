@@ -321,7 +321,7 @@ void regression_forward(const C* counts, const Design<S>& d, int64_t B, bool nor
       for (int i = 0; i < n; ++i) {
         const RowSums r =
             regression_row_sums<S, C>(counts + (b0 + i) * V, eta.data() + i * V, V, normalize);
-        out[b0 + i] = static_cast<S>(r.ok ? r.s + row_term(r.A, r.N, normalize) : kNaN);
+        out[b0 + i] = static_cast<S>(r.ok ? r.s + row_term(row_log_total(r.A, eta.data() + i * V, V), r.N, normalize) : kNaN);
       }
     }
   });
@@ -349,15 +349,16 @@ void row_gradient(const C* row, const S* la, int64_t V, double g, S* G) {
       A += static_cast<double>(dm_exp(la[v]));
     }
   }
-  const double d = dpoch<double>(A, ok ? N : kNaN);  // a bad row: NaN throughout
+  const LogTotal LA = row_log_total(A, la, V);
+  const double d = LA.row_weight(ok ? N : kNaN);  // a bad row: NaN throughout
   auto scalar_term = [&](int64_t v) {
     const S a = dm_exp(la[v]);
     const S n = static_cast<S>(row[v]);
     const double t = is_valid_count(n) ? static_cast<double>(adpoch(a, n)) : kNaN;
-    G[v] = static_cast<S>(g * (t - static_cast<double>(a) * d));
+    G[v] = static_cast<S>(g * (t - LA.column_factor(a, la[v]) * d));
   };
   if constexpr (std::is_same_v<S, float>) {
-    if (simd) {
+    if (simd && !LA.scaled) {  // (the lanes take a_v d)
       per_sample_grad_avx2<C>(row, la, V, g, d, G, scalar_term);
       return;
     }

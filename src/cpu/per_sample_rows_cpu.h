@@ -54,6 +54,10 @@ inline RowSums per_sample_sums_avx2(const count_t* row, const float* lrow, int64
         continue;
       }
       r.N += static_cast<double>(row[u]);
+      if (count_rounds<float>(row[u])) {
+        r.s += count_term_f64(lrow[u], row[u], normalize);
+        continue;
+      }
       r.s += lnpoch(dm_exp(lrow[u]), lrow[u], c);
       if (normalize) r.s -= log_factorial(c);
     }

@@ -41,10 +41,17 @@ constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 // The per-row part that does not depend on the columns:
 // -lnpoch(A, N) [+ log N! when normalized].
-DM_ALWAYS_INLINE inline double row_term(double A, double N, bool normalize) {
-  double t = -lnpoch<double>(A, std::log(A), N);
+DM_ALWAYS_INLINE inline double row_term(const LogTotal& A, double N, bool normalize) {
+  double t = -lnpoch<double>(A.A, A.log_A, N);
   if (normalize) t += log_factorial<double>(N);
   return t;
+}
+
+// A row's total from its summed exps, with its log_alpha lrow (V,) for the
+// log-space total where the sum is out of range.
+template <typename scalar_t>
+inline LogTotal row_log_total(double A, const scalar_t* lrow, int64_t V) {
+  return make_log_total<scalar_t>(A, [&] { return log_sum_exp(lrow, V); });
 }
 
 // A row's column sums over a range of its columns.
@@ -83,6 +90,33 @@ void for_each_row(int64_t B, int64_t V, Part part, Finish finish) {
   }
 }
 
+// Whether integer count c is not a value of scalar_t (float32 above 2^24):
+// its terms are then evaluated in float64, so that the count keeps its value.
+template <typename scalar_t, typename count_t>
+DM_ALWAYS_INLINE inline bool count_rounds(count_t c) {
+  if constexpr (std::is_integral_v<count_t> && sizeof(count_t) >= 4 &&
+                std::is_same_v<scalar_t, float>) {
+    return static_cast<double>(static_cast<float>(c)) != static_cast<double>(c);
+  } else {
+    return false;
+  }
+}
+
+// lnpoch(exp(la), c) [- log c!] in float64, for a count that count_rounds.
+template <typename scalar_t, typename count_t>
+inline double count_term_f64(scalar_t la, count_t c, bool normalize) {
+  const double l = static_cast<double>(la), n = static_cast<double>(c);
+  double t = lnpoch<double>(std::exp(l), l, n);
+  if (normalize) t -= log_factorial<double>(n);
+  return t;
+}
+
+// adpoch(exp(la), c) in float64, for a count that count_rounds.
+template <typename scalar_t, typename count_t>
+inline double count_adpoch_f64(scalar_t la, count_t c) {
+  return adpoch<double>(std::exp(static_cast<double>(la)), static_cast<double>(c));
+}
+
 // Adds count c of column v to a row's sums by the math path; a bad count
 // only clears ok (its terms are not evaluated).
 template <typename scalar_t, typename count_t>
@@ -95,6 +129,10 @@ DM_ALWAYS_INLINE inline void add_math_term(RowSums& r, const SharedAlpha<scalar_
     return;
   }
   r.N += static_cast<double>(c);
+  if (count_rounds<scalar_t>(c)) {
+    r.s += count_term_f64(sa.log_alpha[v], c, normalize);
+    return;
+  }
   r.s += lnpoch(sa.factors[v], sa.alpha[v], sa.log_alpha[v], n);
   if (normalize) r.s -= log_factorial(n);
 }

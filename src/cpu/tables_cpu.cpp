@@ -56,6 +56,8 @@ SharedAlpha<scalar_t>::SharedAlpha(const scalar_t* la, int64_t V_)
     total += part[b];
     finite = finite && part_finite[b];
   }
+  log_total = make_log_total<scalar_t>(total, [&] { return log_sum_exp(la, V); });
+  total = log_total.A;
 }
 
 template <typename scalar_t>

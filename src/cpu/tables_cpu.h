@@ -59,6 +59,7 @@ struct SharedAlpha {
   UninitArray<ExactFactors<scalar_t>> factors;
   double total = 0.0;  // A
   bool finite = true;
+  LogTotal log_total{};  // A with log A (See math.h, LogTotal)
 
   SharedAlpha(const scalar_t* la, int64_t V_);
 
