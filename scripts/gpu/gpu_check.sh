@@ -101,8 +101,9 @@ has probe && run_stage check "op error probe" "$PY" "$REPO/scripts/gpu/probe_op_
 parallel=$("$PY" -c 'import xdist' 2>/dev/null && echo "-n 12")
 # shellcheck disable=SC2086
 read -r -a test_paths <<< "${DIRMULT_GPU_TESTS:-tests}"
+# (-o addopts=: the slow tests too, which the README's command leaves out)
 has test && run_stage test test "$PY" -m pytest "${test_paths[@]/#/$REPO/}" -q -p no:cacheprovider -rfE \
-  --rootdir "$REPO" $parallel
+  --rootdir "$REPO" -o addopts= $parallel
 if has sanitize; then
   export PYTORCH_NO_CUDA_MEMORY_CACHING=1  # so memcheck sees each allocation's bounds
   run_stage sanitize memcheck compute-sanitizer --tool memcheck --error-exitcode 1 \
@@ -134,6 +135,11 @@ if has bench; then
   # And replayed from CUDA graphs: the GPU time per call, no host in the way.
   [[ $timings == *" graph "* ]] && run_stage bench "bench graph" "$PY" -m dirmult_ext.cli.bench \
     --timing graph --no-compile --markdown --quiet
+  # What the eager fast path (ops/dispatch.py) saves: the same synced calls
+  # through the registered op (DIRMULT_FAST_PATH=0).
+  [[ $timings == *" synced "* ]] && run_stage bench "bench synced, public path" env \
+    DIRMULT_FAST_PATH=0 "$PY" -m dirmult_ext.cli.bench --shapes seed mid --timing synced \
+    --no-compile --no-numpyro --markdown --quiet
   # CSR counts: the package, the PyTorch written over the nonzeros, the dense op.
   run_stage bench "bench CSR" "$PY" -m dirmult_ext.cli.bench --sparse --markdown \
     --json "$OUT/bench_sparse.json"
