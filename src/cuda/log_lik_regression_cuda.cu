@@ -1,16 +1,12 @@
 // dirmult::log_lik_regression and its backward on CUDA (See Note
 // [Regression fusion]): torch's matmuls around log_lik's per-sample kernels.
 //
-//   forward:  log_alpha = X W + bias (aten::linear: one addmm, a (B, V)
-//             tensor), then log_lik_cuda
+//   forward:  log_alpha = X W + bias (one matmul, a (B, V) tensor), then
+//             log_lik_cuda
 //   backward: log_lik_backward_cuda's (B, V) gradient G on that log_alpha,
 //             then dX = G W^T, dW = X^T G and dbias = G's column sums
-#include <torch/csrc/stable/c/shim.h>
-#include <torch/csrc/stable/macros.h>
 #include <torch/csrc/stable/ops.h>
-#include <torch/csrc/stable/stableivalue_conversions.h>
 
-#include <array>
 #include <optional>
 #include <tuple>
 #include <vector>
@@ -25,18 +21,17 @@ namespace {
 
 using Args = RegressionArgs<CudaDevice>;
 
-// log_alpha (B, V) = X W + bias. aten::linear takes W^T (a view) and, with
-// a bias, is one addmm (cuBLAS adds the bias in its epilogue); it has no
-// Scalar arguments, which the stable ABI's dispatcher call would need for
-// addmm's beta and alpha.
+// log_alpha (B, V) = X W + bias as one matmul: the bias as a last row of W
+// against a column of ones appended to X (the stable ABI of every supported
+// torch has matmul, pad and narrow; a dispatcher call of aten::linear is
+// not in torch 2.11's headers).
 Tensor design_log_alpha(const Args& a) {
-  std::array<StableIValue, 3> stack{
-      torch::stable::detail::from(a.X),
-      torch::stable::detail::from(torch::stable::transpose(a.W, 0, 1)),
-      torch::stable::detail::from(a.bias)};
-  STABLE_TORCH_ERROR_CODE_CHECK(
-      torch_call_dispatcher("aten::linear", "", stack.data(), TORCH_ABI_VERSION));
-  return torch::stable::detail::to<Tensor>(stack[0]);
+  if (!a.bias.has_value()) return torch::stable::matmul(a.X, a.W);
+  const Tensor X1 = torch::stable::pad(a.X, {0, 1}, "constant", 1.0);
+  Tensor W1 = torch::stable::pad(a.W, {0, 0, 0, 1});
+  Tensor last = torch::stable::narrow(W1, 0, a.P, 1);
+  torch::stable::copy_(last, torch::stable::reshape(*a.bias, {1, a.V}));
+  return torch::stable::matmul(X1, W1);
 }
 
 }  // namespace
