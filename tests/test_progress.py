@@ -5,8 +5,8 @@ import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
+import dirmult_ext
 from dirmult_ext.models.progress import Progress, progress_bar
 
 
@@ -63,7 +63,6 @@ def test_a_short_loop_prints_nothing():
 def test_cli_fit_and_fit_mixture_without_tqdm(tmp_path):
     """tqdm made unimportable (sys.modules['tqdm'] = None), progress forced
     on: the fits run and report in plain lines."""
-    root = Path(__file__).resolve().parents[1]
     import numpy as np
     rng = np.random.default_rng()
     x = rng.integers(0, 20, size=(60, 5))
@@ -83,8 +82,10 @@ def test_cli_fit_and_fit_mixture_without_tqdm(tmp_path):
                                     n_init=1)
         print("ok", m.n_components)
     """)
+    # (the package the suite imports, installed or in place)
+    pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(dirmult_ext.__file__)))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(root / "python"), os.environ.get("PYTHONPATH", "")]))
+        [pkg_parent, os.environ.get("PYTHONPATH", "")]))
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                        env=env, cwd=tmp_path, timeout=300)
     assert r.returncode == 0, r.stderr

@@ -28,8 +28,14 @@ import torch
 __all__ = ["FAST_PATH", "call", "run", "run_backward", "eager", "is_uniform",
            "checked_kernel", "past_checks", "transforms_active"]
 
+# The checks' redispatch (registered only on torch < 2.13, which has these).
 try:
     from torch._C import DispatchKey, DispatchKeySet
+    _BELOW_BACKEND_SELECT = torch._C._dispatch_keyset_full_after(DispatchKey.BackendSelect)
+except (AttributeError, ImportError):
+    _BELOW_BACKEND_SELECT = None
+
+try:
     _BELOW_AUTOGRAD = torch._C._AutoDispatchBelowAutograd
     _FUNCTORCH_ACTIVE = torch._C._are_functorch_transforms_active
     _TLS_INCLUDED = torch._C._dispatch_tls_local_include_set
@@ -37,10 +43,12 @@ try:
                          | DispatchKeySet(DispatchKey.ADInplaceOrView)).raw_repr()
     _CPU_KEYS = DispatchKeySet(DispatchKey.CPU)
     _CUDA_KEYS = DispatchKeySet(DispatchKey.CUDA)
-    _BELOW_BACKEND_SELECT = torch._C._dispatch_keyset_full_after(DispatchKey.BackendSelect)
     _INTERNALS = hasattr(torch.ops.aten.add.Tensor._handle, "redispatch_boxed")
-except (AttributeError, ImportError):  # a torch that moved them: the public path
+except (AttributeError, NameError):  # a torch that moved them: the public path
     _INTERNALS = False
+
+# (torch.func support needs this one even off the fast path.)
+_TRANSFORMS_ACTIVE = getattr(torch._C, "_are_functorch_transforms_active", None)
 
 #: Whether eager calls take the fast path (else the registered op).
 FAST_PATH = _INTERNALS and os.environ.get("DIRMULT_FAST_PATH", "1") != "0"
@@ -67,7 +75,8 @@ def transforms_active() -> bool:
     """A torch.func transform (grad, vmap, jvp, ...) is active and this is
     not a torch.compile trace: the public functions then call the ops
     through .transforms (Note [torch.func])."""
-    return not _is_compiling() and torch._C._are_functorch_transforms_active()
+    return (_TRANSFORMS_ACTIVE is not None and not _is_compiling()
+            and _TRANSFORMS_ACTIVE())
 
 
 def _kernel_keys(tensors):

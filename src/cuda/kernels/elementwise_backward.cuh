@@ -75,13 +75,14 @@ __global__ void elementwise_backward_kernel(const scalar_t* __restrict__ grad,
     const double g = static_cast<double>(grad[b]);
     const RowTotals r = totals[b];
     if (grad_la != nullptr) {
-      grad_la[i] = static_cast<scalar_t>(
-          g * (static_cast<double>(adpoch(a, n)) - static_cast<double>(a) * r.d));
+      grad_la[i] = g == 0.0 ? scalar_t(0)  // See Note [Zero-weight rows]
+                            : static_cast<scalar_t>(g * (static_cast<double>(adpoch(a, n)) -
+                                                         static_cast<double>(a) * r.d));
     }
     if (grad_counts != nullptr) {
       double e = static_cast<double>(digamma<scalar_t>(n + a));
       if (normalize) e -= static_cast<double>(digamma<scalar_t>(n + scalar_t(1)));
-      grad_counts[i] = static_cast<scalar_t>(g * (e + r.psi));
+      grad_counts[i] = g == 0.0 ? scalar_t(0) : static_cast<scalar_t>(g * (e + r.psi));
     }
   }
 }

@@ -189,7 +189,10 @@ __global__ void __launch_bounds__(kRowWarps * 32)
     float gl[4];
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      gl[j] = static_cast<float>(g * (static_cast<double>(adp[j]) - static_cast<double>(a[j]) * d));
+      // (g == 0: the row adds nothing, even with bad counts; See Note [Zero-weight rows])
+      gl[j] = g == 0.0 ? 0.0f
+                       : static_cast<float>(g * (static_cast<double>(adp[j]) -
+                                                 static_cast<double>(a[j]) * d));
     }
     if (aligned && in == 4) {
       *reinterpret_cast<float4*>(out) = make_float4(gl[0], gl[1], gl[2], gl[3]);
