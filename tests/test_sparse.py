@@ -538,7 +538,7 @@ def test_compile_fullgraph_dynamic_nonzeros(device):
     torch._dynamo.reset()
     # (Inductor's GPU code needs Triton; where it is missing, AOTAutograd
     # alone still traces the ops' fake kernels with a dynamic nnz.)
-    from torch._inductor.utils import has_triton
+    from torch.utils._triton import has_triton
     backend = "inductor" if device.type == "cpu" or has_triton() else "aot_eager"
     compiled = torch.compile(_csr_sum, fullgraph=True, dynamic=True, backend=backend)
     for density in (0.2, 0.5, 0.05):
