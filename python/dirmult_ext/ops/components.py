@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from .dispatch import call, transforms_active, run, run_backward
+from .dispatch import call, run, run_backward
 from .library import ops
 
 __all__ = ["call_log_lik_components"]
@@ -60,7 +60,4 @@ class _Components(torch.autograd.Function):
 def call_log_lik_components(counts, log_alpha, normalize: bool):
     """dirmult::log_lik_components on checked arguments, by the eager fast
     path where it applies."""
-    if transforms_active():  # (imported here: .transforms imports .csr, which imports .dense)
-        from . import transforms
-        return transforms.log_lik_components(counts, log_alpha, normalize)
     return call(ops.log_lik_components.default, _Components, 2, counts, log_alpha, normalize)

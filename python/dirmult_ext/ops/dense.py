@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from .dispatch import call, transforms_active, is_uniform, run, run_backward
+from .dispatch import call, is_uniform, run, run_backward
 from .library import ops
 
 __all__ = ["call_log_lik", "SINGLE_PASS_MIN_ROWS_CPU", "SINGLE_PASS_MIN_ROWS_CUDA"]
@@ -113,7 +113,4 @@ class _LogLik(torch.autograd.Function):
 def call_log_lik(counts, log_alpha, normalize: bool):
     """dirmult::log_lik on checked arguments, by the eager fast path where it
     applies."""
-    if transforms_active():  # (imported here: .transforms imports .csr, which imports .dense)
-        from . import transforms
-        return transforms.log_lik(counts, log_alpha, normalize)
     return call(ops.log_lik.default, _LogLik, 2, counts, log_alpha, normalize)

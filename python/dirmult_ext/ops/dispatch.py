@@ -26,7 +26,7 @@ import os
 import torch
 
 __all__ = ["FAST_PATH", "call", "run", "run_backward", "eager", "is_uniform",
-           "checked_kernel", "past_checks", "transforms_active"]
+           "checked_kernel", "past_checks", "transforms_active", "register_transformed"]
 
 # The checks' redispatch (registered only on torch < 2.13, which has these).
 try:
@@ -116,12 +116,27 @@ def run_backward(op, ctx, *args):
     return run(op, keys, *args)
 
 
+# op -> its call under the torch.func transforms (registered by .transforms).
+_TRANSFORMED: dict = {}
+
+
+def register_transformed(op, fn) -> None:
+    """``call`` runs ``fn(*args)`` instead of ``op`` while a torch.func
+    transform is active (Note [torch.func])."""
+    _TRANSFORMED[op] = fn
+
+
 def call(op, function, n_tensors: int, *args):
     """``op(*args)`` for checked arguments whose first ``n_tensors`` are the
     tensors (None allowed): by ``function`` (an autograd.Function taking
     ``*args, keys``) where a gradient is needed, below Autograd otherwise;
-    the registered op outside plain eager mode."""
-    if not eager():
+    under a torch.func transform its registered form; the registered op
+    elsewhere (compiling, or off the fast path)."""
+    if _is_compiling():
+        return op(*args)
+    if _TRANSFORMS_ACTIVE is not None and _TRANSFORMS_ACTIVE():
+        return _TRANSFORMED.get(op, op)(*args)
+    if not FAST_PATH:
         return op(*args)
     tensors = args[:n_tensors]
     keys = _kernel_keys(tensors) if _past_checks else None

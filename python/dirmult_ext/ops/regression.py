@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from .dispatch import call, transforms_active, run, run_backward
+from .dispatch import call, run, run_backward
 from .library import ops
 
 __all__ = ["call_log_lik_regression"]
@@ -69,7 +69,4 @@ def call_log_lik_regression(counts, X, W, bias, normalize: bool):
     """dirmult::log_lik_regression on checked arguments, by the eager fast
     path where it applies (counts that require grad take the autograd path
     too, whose backward says there is no such gradient)."""
-    if transforms_active():  # (imported here: .transforms imports .csr, which imports .dense)
-        from . import transforms
-        return transforms.log_lik_regression(counts, X, W, bias, normalize)
     return call(ops.log_lik_regression.default, _Regression, 4, counts, X, W, bias, normalize)

@@ -38,6 +38,7 @@ from __future__ import annotations
 import torch
 
 from . import second_derivatives
+from .dispatch import register_transformed
 from .library import ops
 
 __all__ = ["log_lik", "log_lik_components", "log_lik_regression", "log_lik_csr"]
@@ -574,3 +575,8 @@ def log_lik_csr(crow, col, values, log_alpha, normalize: bool, csc):
     """dirmult::log_lik_csr under the transforms; csc: the column-sorted
     copy of the parts (csr.csc_parts) the gradient reads."""
     return _Csr.apply(crow, col, values, log_alpha, normalize, *csc)
+
+
+register_transformed(ops.log_lik.default, log_lik)
+register_transformed(ops.log_lik_components.default, log_lik_components)
+register_transformed(ops.log_lik_regression.default, log_lik_regression)
