@@ -85,7 +85,16 @@ def _repo_links(app, docname, source):
     source[0] = text
 
 
+def _skip_metadata_requests(app, what, name, obj, skip, options):
+    # scikit-learn's generated set_*_request methods (metadata routing): its
+    # own API, documented there, with references only its docs resolve.
+    if name.startswith("set_") and name.endswith("_request"):
+        return True
+    return None
+
+
 def setup(app):
     app.connect("source-read", _repo_links)
+    app.connect("autodoc-skip-member", _skip_metadata_requests)
     os.environ.setdefault("MPLBACKEND", "Agg")
     app.connect("builder-inited", _benchmark_plot)

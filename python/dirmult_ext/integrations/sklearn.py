@@ -186,15 +186,15 @@ class DirichletMultinomialMixture(DensityMixin, BaseEstimator):
     lower_bound_ : float
         Log-likelihood per sample of the training data at the fit (EM's
         objective, which it maximizes exactly: there is no looser bound).
-    lower_bounds_ : ndarray of shape (n_iter_,)
-        ``lower_bound_`` after each EM iteration of the best run
-        (non-decreasing: EM never lowers it).
+    lower_bounds_ : ndarray
+        ``lower_bound_`` after each EM iteration of the best run, one entry an
+        iteration (non-decreasing: EM never lowers it).
     mixture_ : dirmult_ext.DMMixture
         The package's fit (training responsibilities, the Laplace
         criterion, the objective's trace, every run's final value).
     n_features_in_ : int
         Number of features (categories) seen in ``fit``.
-    feature_names_in_ : ndarray of shape (n_features_in_,)
+    feature_names_in_ : ndarray of shape (n_features,)
         Their names, when X has string column names.
     """
 
@@ -434,7 +434,7 @@ class DirichletMultinomialClassifier(ClassifierMixin, BaseEstimator):
     classifier_ : dirmult_ext.DMClassifier
         The package's fitted classifier (on class indices 0..n_classes-1).
     n_features_in_ : int
-    feature_names_in_ : ndarray of shape (n_features_in_,)
+    feature_names_in_ : ndarray of shape (n_features,)
     """
 
     _parameter_constraints: dict = {
