@@ -199,29 +199,31 @@ def test_direct_op_errors_name_the_problem(device, op_error):
         _checks.OP_CHECKS[op](*args)
 
 
-# The child: the op called in eager mode and from TorchScript (a scripted
-# function, and a scripted module saved and loaded), each error printed as
-# one JSON line; any crash shows as the process's exit code.
+# The child: every case of a device (JSON on stdin), the op called in eager
+# mode and from a scripted function, each outcome printed as one JSON line;
+# a crash shows as the process's exit code.
 _CHILD = r"""
 import json, sys
 import torch, dirmult_ext
 from dirmult_ext.ops import library as _ops
 assert _ops.OP_CHECKS == "python", _ops.OP_CHECKS
-op, args_code, device = sys.argv[1:4]
-args = eval(f"({args_code},)", {"torch": torch, "d": torch.device(device)})
-types = ", ".join(f"a{i}: {'bool' if isinstance(a, bool) else 'Tensor'}" for i, a in enumerate(args))
-names = ", ".join(f"a{i}" for i in range(len(args)))
-unit = torch.jit.CompilationUnit(
-    f"def f({types}):\n    return torch.ops.dirmult.{op}({names})\n")
-def run(label, f):
-    try:
-        f()
-        print(json.dumps([label, None, ""]))
-    except Exception as e:
-        print(json.dumps([label, type(e).__name__, str(e)]))
-    sys.stdout.flush()
-run("eager", lambda: getattr(torch.ops.dirmult, op)(*args))
-run("torchscript", lambda: unit.f(*args))
+device = sys.argv[1]
+for name, op, args_code in json.loads(sys.stdin.read()):
+    args = eval(f"({args_code},)", {"torch": torch, "d": torch.device(device)})
+    types = ", ".join(f"a{i}: {'bool' if isinstance(a, bool) else 'Tensor'}"
+                      for i, a in enumerate(args))
+    names = ", ".join(f"a{i}" for i in range(len(args)))
+    unit = torch.jit.CompilationUnit(
+        f"def f({types}):\n    return torch.ops.dirmult.{op}({names})\n")
+    def run(label, f):
+        try:
+            f()
+            print(json.dumps([name, label, None, ""]))
+        except Exception as e:
+            print(json.dumps([name, label, type(e).__name__, str(e)]))
+        sys.stdout.flush()
+    run("eager", lambda: getattr(torch.ops.dirmult, op)(*args))
+    run("torchscript", lambda: unit.f(*args))
 """
 
 
@@ -229,18 +231,38 @@ def _child_env(setting):
     return dict(os.environ, DIRMULT_OP_CHECKS=setting)
 
 
+_PYTHON_CHECK_RESULTS = {}
+
+
+def _python_check_results(device):
+    """Every case of a device in one process (an import each would take most
+    of the suite's time): {case: [(label, error type, message), ...]}; a
+    crash shows as the exit code and the cases it left unreported."""
+    if device.type not in _PYTHON_CHECK_RESULTS:
+        cases = [(name, op, args) for d, name in OP_ERROR_CASES if d == device
+                 for op, args, _ in [OP_ERRORS[name]]]
+        p = subprocess.run([sys.executable, "-c", _CHILD, str(device)], input=json.dumps(cases),
+                           env=_child_env("python"), capture_output=True, text=True,
+                           timeout=600)
+        results = {}
+        for line in p.stdout.splitlines():
+            name, label, kind, text = json.loads(line)
+            results.setdefault(name, []).append((label, kind, text))
+        _PYTHON_CHECK_RESULTS[device.type] = (p.returncode, p.stderr[-2000:], results)
+    return _PYTHON_CHECK_RESULTS[device.type]
+
+
 @pytest.mark.parametrize("device, op_error", OP_ERROR_CASES, ids=str)
 def test_python_op_checks(device, op_error):
-    """DIRMULT_OP_CHECKS=python (on every torch): each case in a process of
-    its own, in eager mode and from TorchScript, raises RuntimeError with the
-    message and the process ends normally."""
-    op, args, message = OP_ERRORS[op_error]
-    p = subprocess.run([sys.executable, "-c", _CHILD, op, args, str(device)],
-                       env=_child_env("python"), capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, (p.returncode, p.stderr[-2000:])
-    results = [json.loads(line) for line in p.stdout.splitlines()]
-    assert [r[0] for r in results] == ["eager", "torchscript"], p.stdout
-    for label, kind, text in results:
+    """DIRMULT_OP_CHECKS=python (on every torch): each case, in eager mode
+    and from TorchScript, raises RuntimeError with the message, and the
+    process (one for all cases of the device) ends normally."""
+    _, _, message = OP_ERRORS[op_error]
+    returncode, stderr, results = _python_check_results(device)
+    assert returncode == 0, (returncode, stderr)
+    got = results.get(op_error, [])
+    assert [r[0] for r in got] == ["eager", "torchscript"], got
+    for label, kind, text in got:
         assert kind == "RuntimeError", (label, kind, text)
         assert re.search(message, text), (label, text)
 
