@@ -84,6 +84,7 @@ def test_two_gloo_ranks_equal_single_process(tmp_path):
         assert "same number of categories" in res[r]["mismatch"]
 
 
+@pytest.mark.slow  # (processes of their own: runs in CI, `-m slow`)
 def test_torchrun_launcher(tmp_path):
     """``torchrun --nproc_per_node=2 -m dirmult_ext.cli.distributed FILE`` equals fit(FILE)."""
     x, _ = _data(B=300, V=7)

@@ -185,6 +185,7 @@ def test_requires_process_group():
         fit_mixture_distributed(torch.ones(3, 2), 2)
 
 
+@pytest.mark.slow  # (processes of their own: runs in CI, `-m slow`)
 @pytest.mark.skipif(not os.path.exists(SCRIPT), reason="run from a source checkout")
 def test_multigpu_script_on_cpu():
     """scripts/gpu/multigpu_fit_check.sh end to end on the CPU at a tiny size:

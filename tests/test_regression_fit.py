@@ -268,6 +268,7 @@ def _worker(rank, world, init_file, data_file, out_dir):
         dist.destroy_process_group()
 
 
+@pytest.mark.slow  # (processes of their own: runs in CI, `-m slow`)
 def test_two_gloo_ranks_equal_the_single_process_fit(tmp_path):
     counts, X, W, b = random_problem(B=300, P=2, V=4)
     data_file = str(tmp_path / "data.pt")

@@ -265,6 +265,7 @@ def test_cuda_streams_unasked_when_short_of_memory(monkeypatch, stagings):
 BIGFIT = __import__("pathlib").Path(__file__).resolve().parents[1] / "scripts/gpu/big_sparse_fit.py"
 
 
+@pytest.mark.slow  # (processes of their own: runs in CI, `-m slow`)
 @pytest.mark.skipif(not BIGFIT.exists(), reason="run from a source checkout")
 def test_big_sparse_fit_script_tiny_on_cpu(tmp_path):
     import json

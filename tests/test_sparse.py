@@ -727,6 +727,7 @@ def test_distributed_fit_on_sparse_shards(tmp_path):
     assert torch.equal(res[0][0], res[1][0])
 
 
+@pytest.mark.slow  # (processes of their own: runs in CI, `-m slow`)
 def test_torchrun_launcher_on_mtx(tmp_path):
     import math
     import os
