@@ -26,6 +26,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .errors import one_line_errors
+
 __all__ = ["main", "pick_device", "parse_k",
            "DIGITS_K", "MULTINOMIAL_LIMIT"]
 
@@ -143,16 +145,6 @@ def _print_baseline(log_lik: float, V: int, B: int, half: bool) -> None:
           f"({scale})")
 
 
-def main(argv=None) -> int:
-    """Run ``dirmult-ext fit``; a user error (bad file, argument or data) is
-    one line on stderr and exit status 2, as argparse's own."""
-    try:
-        return _main(argv)
-    except (ValueError, TypeError, FileNotFoundError, ImportError) as e:
-        print(f"dirmult-ext fit: error: {e}", file=sys.stderr)
-        return 2
-
-
 def _check_options(args) -> None:
     """The numeric options and the output location, before any work: a
     typo found after a long fit loses the fit."""
@@ -167,7 +159,9 @@ def _check_options(args) -> None:
         check_writable(args.out, "--out", directory=not args.out.lower().endswith(".npz"))
 
 
-def _main(argv) -> int:
+@one_line_errors("fit")
+def main(argv=None) -> int:
+    """Run ``dirmult-ext fit``."""
     args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     from ..models.criteria import multinomial_log_lik
     from ..models.baselines import multinomial_naive_bayes, train_test_split

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from ..data.orientation import ORIENTATION_HINT
+from .errors import one_line_errors
 
 __all__ = ["main", "match_samples"]
 
@@ -97,17 +98,9 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+@one_line_errors("regress")
 def main(argv=None) -> int:
-    """Run ``dirmult-ext regress``; a user error (bad file, argument or data)
-    is one line on stderr and exit status 2, as argparse's own."""
-    try:
-        return _main(argv)
-    except (ValueError, TypeError, FileNotFoundError, ImportError) as e:
-        print(f"dirmult-ext regress: error: {e}", file=sys.stderr)
-        return 2
-
-
-def _main(argv) -> int:
+    """Run ``dirmult-ext regress``."""
     args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     from .fit import pick_device
     from ..data.io import load_count_table, load_covariates
