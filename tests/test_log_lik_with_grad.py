@@ -144,6 +144,8 @@ def test_gradient_through_autograd_matches_float64(device, loss):
     assert _rel(g, ref, scale * _magnitudes(counts, la)[1]) < 2e-6
 
 
+@pytest.mark.skipif(not _dispatch.FAST_PATH,
+                    reason="the single pass is the eager fast path's (DIRMULT_FAST_PATH=0)")
 def test_single_pass_is_taken_where_it_applies(device):
     counts, la = _autograd_case(device)
     ll = dirmult_ext.log_lik(counts, la)
@@ -167,6 +169,8 @@ def test_single_pass_is_taken_where_it_applies(device):
         assert dirmult_ext.log_lik(counts, la).grad_fn is None
 
 
+@pytest.mark.skipif(not _dispatch.FAST_PATH,
+                    reason="the single pass is the eager fast path's (DIRMULT_FAST_PATH=0)")
 @pytest.mark.parametrize("reduction", ["sum", "mean"])
 def test_reduction_takes_the_single_pass(device, reduction):
     counts, la = _autograd_case(device)

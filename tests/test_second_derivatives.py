@@ -11,6 +11,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import dirmult_ext
+from dirmult_ext.ops import dispatch
 
 from reference import _mpf, log_lik_float64, mp_adpoch
 
@@ -210,6 +211,8 @@ class _OpNames(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+@pytest.mark.skipif(not dispatch.FAST_PATH,
+                    reason="the single pass is the eager fast path's (DIRMULT_FAST_PATH=0)")
 def test_single_pass_second_derivative():
     """Shared log_alpha over 64+ rows on CPU takes the single pass (the
     gradient of the sum from the forward); differentiating that gradient
