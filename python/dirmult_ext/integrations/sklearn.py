@@ -117,17 +117,24 @@ def _as_package_counts(X):
         return torch.from_numpy(X)
 
 
-def _count_tags(tags):
-    # scikit-learn has no tag for integer input; ``categorical`` is the one
-    # through which its estimator checks draw non-negative integer X (as for
-    # CategoricalNB), with ``positive_only`` for the non-negativity.
-    tags.input_tags.positive_only = True
-    tags.input_tags.categorical = True
-    tags.input_tags.sparse = True
-    return tags
+class _CountsEstimator:
+    """What both estimators share: count input's tags, the device to fit on."""
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        # scikit-learn has no tag for integer input; ``categorical`` is the one
+        # through which its estimator checks draw non-negative integer X (as for
+        # CategoricalNB), with ``positive_only`` for the non-negativity.
+        tags.input_tags.positive_only = True
+        tags.input_tags.categorical = True
+        tags.input_tags.sparse = True
+        return tags
+
+    def _device(self, input_device):
+        return self.device if self.device is not None else input_device
 
 
-class DirichletMultinomialMixture(DensityMixin, BaseEstimator):
+class DirichletMultinomialMixture(_CountsEstimator, DensityMixin, BaseEstimator):
     """Dirichlet-multinomial mixture (Holmes, Harris & Quince 2012) fitted by
     EM: :func:`dirmult_ext.fit_mixture` with scikit-learn's mixture API
     (as :class:`sklearn.mixture.GaussianMixture`).
@@ -226,12 +233,6 @@ class DirichletMultinomialMixture(DensityMixin, BaseEstimator):
         self.n_screen = n_screen
         self.min_alpha = min_alpha
         self.device = device
-
-    def __sklearn_tags__(self):
-        return _count_tags(super().__sklearn_tags__())
-
-    def _device(self, input_device):
-        return self.device if self.device is not None else input_device
 
     @_fit_context(prefer_skip_nested_validation=True)
     def fit(self, X, y=None):
@@ -400,7 +401,7 @@ class DirichletMultinomialMixture(DensityMixin, BaseEstimator):
         return gen.multinomial(totals, p).astype(np.int64), y
 
 
-class DirichletMultinomialClassifier(ClassifierMixin, BaseEstimator):
+class DirichletMultinomialClassifier(_CountsEstimator, ClassifierMixin, BaseEstimator):
     """Class-conditional Dirichlet-multinomial classifier:
     :class:`dirmult_ext.DMClassifier` as a scikit-learn classifier.
 
@@ -454,12 +455,6 @@ class DirichletMultinomialClassifier(ClassifierMixin, BaseEstimator):
         self.tol = tol
         self.max_iter = max_iter
         self.device = device
-
-    def __sklearn_tags__(self):
-        return _count_tags(super().__sklearn_tags__())
-
-    def _device(self, input_device):
-        return self.device if self.device is not None else input_device
 
     @_fit_context(prefer_skip_nested_validation=True)
     def fit(self, X, y):
