@@ -37,7 +37,6 @@ except (AttributeError, ImportError):
 
 try:
     _BELOW_AUTOGRAD = torch._C._AutoDispatchBelowAutograd
-    _FUNCTORCH_ACTIVE = torch._C._are_functorch_transforms_active
     _TLS_INCLUDED = torch._C._dispatch_tls_local_include_set
     _DEFAULT_INCLUDED = (DispatchKeySet(DispatchKey.BackendSelect)
                          | DispatchKeySet(DispatchKey.ADInplaceOrView)).raw_repr()
@@ -68,7 +67,8 @@ def eager() -> bool:
     """Plain eager mode: not compiling, no functorch transform active."""
     if not FAST_PATH:
         return False
-    return not _is_compiling() and not _FUNCTORCH_ACTIVE()
+    return not _is_compiling() and not (_TRANSFORMS_ACTIVE is not None
+                                        and _TRANSFORMS_ACTIVE())
 
 
 def transforms_active() -> bool:
