@@ -20,7 +20,18 @@ FENCE = re.compile(r"^(\s*)(`{3,}|~{3,})\s*([\w+-]*)")
 # Optional dependencies an example may import (module -> pip name).
 OPTIONAL = {"pyro": "pyro-ppl", "anndata": "anndata", "sklearn": "scikit-learn",
             "scipy": "scipy", "h5py": "h5py", "matplotlib": "matplotlib", "tqdm": "tqdm"}
-IMPORT = re.compile(r"^\s*(?:import|from)\s+(\w+)", re.M)
+IMPORT = re.compile(r"^\s*(?:import|from)\s+(\w+(?:\.\w+)*)", re.M)
+# The package's interfaces, by the library each imports.
+INTERFACES = {"sklearn": "sklearn", "anndata": "anndata", "pyro": "pyro", "plots": "matplotlib"}
+
+
+def _library(module: str) -> str:
+    parts = module.split(".")
+    if parts[:2] == ["dirmult_ext", "integrations"] and len(parts) > 2:
+        return INTERFACES.get(parts[2], parts[0])
+    return parts[0]
+
+
 SKIP_DIRS = {"_build", "_generated"}
 
 
@@ -71,7 +82,8 @@ def test_examples_are_found():
 @pytest.mark.parametrize("path", FILES, ids=[str(p.relative_to(ROOT)) for p in FILES])
 def test_doc_examples_run(path, tmp_path, monkeypatch):
     blocks = [(line, src) for line, src, reason in python_blocks(path) if reason is None]
-    for mod in sorted({m for _, src in blocks for m in IMPORT.findall(src)} & OPTIONAL.keys()):
+    used = {_library(m) for _, src in blocks for m in IMPORT.findall(src)}
+    for mod in sorted(used & OPTIONAL.keys()):
         if importlib.util.find_spec(mod) is None:
             pytest.skip(f"its examples need {OPTIONAL[mod]} (pip install {OPTIONAL[mod]})")
     import torch
