@@ -207,18 +207,10 @@ def _third_order_error():
         "formulas have no derivative)")
 
 
-class _LogLikSecond(torch.autograd.Function):
-    """log_lik's double backward (second_derivatives.log_lik_double_backward)
-    as one function of (w, grad, counts, log_alpha): its forward runs below
-    every transform; it has no derivative."""
+class _SecondDerivative(torch.autograd.Function):
+    """A double backward as one function: its forward runs below every
+    transform; it has no derivative of its own."""
     generate_vmap_rule = True
-
-    @staticmethod
-    def forward(w, grad, counts, log_alpha, normalize, need_grad, need_la):
-        d_grad, d_la = second_derivatives.log_lik_double_backward(
-            w, grad, counts, log_alpha, normalize, need_grad, need_la)
-        return (d_grad if d_grad is not None else torch.zeros_like(grad),
-                d_la if d_la is not None else torch.zeros_like(log_alpha))
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -231,6 +223,18 @@ class _LogLikSecond(torch.autograd.Function):
     @staticmethod
     def jvp(ctx, *tangents):
         raise _third_order_error()
+
+
+class _LogLikSecond(_SecondDerivative):
+    """log_lik's double backward (second_derivatives.log_lik_double_backward)
+    as one function of (w, grad, counts, log_alpha)."""
+
+    @staticmethod
+    def forward(w, grad, counts, log_alpha, normalize, need_grad, need_la):
+        d_grad, d_la = second_derivatives.log_lik_double_backward(
+            w, grad, counts, log_alpha, normalize, need_grad, need_la)
+        return (d_grad if d_grad is not None else torch.zeros_like(grad),
+                d_la if d_la is not None else torch.zeros_like(log_alpha))
 
 
 class _LogLikBackward(torch.autograd.Function):
@@ -323,9 +327,8 @@ class _LogLik(torch.autograd.Function):
         return out
 
 
-class _ComponentsSecond(torch.autograd.Function):
-    """log_lik_components' double backward as one function; no derivative."""
-    generate_vmap_rule = True
+class _ComponentsSecond(_SecondDerivative):
+    """log_lik_components' double backward as one function."""
 
     @staticmethod
     def forward(w, grad, counts, log_alpha, need_grad, need_la):
@@ -333,18 +336,6 @@ class _ComponentsSecond(torch.autograd.Function):
             w, grad, counts, log_alpha, need_grad, need_la)
         return (d_grad if d_grad is not None else torch.zeros_like(grad),
                 d_la if d_la is not None else torch.zeros_like(log_alpha))
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        pass
-
-    @staticmethod
-    def backward(ctx, *grads):
-        raise _third_order_error()
-
-    @staticmethod
-    def jvp(ctx, *tangents):
-        raise _third_order_error()
 
 
 class _ComponentsBackward(torch.autograd.Function):
