@@ -250,6 +250,37 @@ def test_cuda_pinned_stream_equals_whole(sparse, stagings):
 
 
 @needs_cuda
+@pytest.mark.parametrize("sparse", [False, True])
+def test_cuda_stream_from_pinned_matrix_skips_staging(sparse, stagings):
+    gen = torch.Generator().manual_seed(int(torch.randint(0, 2 ** 31, (1,))))
+    x, counts = _counts(1003, 37, gen, True) if sparse else (_counts(1003, 37, gen, False),) * 2
+    if sparse:
+        pinned = SparseCounts(counts.crow_indices.pin_memory(), counts.col_indices.pin_memory(),
+                              counts.values.pin_memory(), counts.shape, validate=False)
+    else:
+        pinned = counts.pin_memory()
+    staged_parts = []
+    real_copy = torch.Tensor.copy_
+
+    def spy(self, src, *args, **kwargs):   # the staging copies into the pinned buffers
+        if self.is_pinned() and self.device.type == "cpu":
+            staged_parts.append(src.numel())
+        return real_copy(self, src, *args, **kwargs)
+
+    torch.Tensor.copy_ = spy
+    try:
+        blocks = list(stream_rows(pinned, "cuda", 128))
+        torch.cuda.synchronize()
+    finally:
+        torch.Tensor.copy_ = real_copy
+    assert torch.equal(torch.cat([_dense(b) for _, _, b in blocks]).cpu(), x)
+    # Only the rebased row offsets of a sparse block are made anew (and staged).
+    n_blocks = len(blocks)
+    assert staged_parts == ([129] * (n_blocks - 1) + [1003 - 128 * (n_blocks - 1) + 1]
+                            if sparse else [])
+
+
+@needs_cuda
 def test_cuda_streams_unasked_when_short_of_memory(monkeypatch, stagings):
     alpha = torch.rand(20, dtype=torch.float64) + 0.3
     x = dirmult_ext.DirichletMultinomial(torch.randint(10, 80, (3000,)), alpha).sample().float()

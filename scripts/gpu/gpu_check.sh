@@ -11,7 +11,8 @@
 #   kernels, and the large sparse fit measured (time per EM iteration, peak
 #   host RSS against the CSR bytes, peak GPU memory; on the device and
 #   streamed from host memory). Logs go to $OUT (default ./gpu_out).
-# Stages can be picked: scripts/gpu/gpu_check.sh [wheel] [sass] [check] [probe] [test] [sanitize] [multigpu] [bench] [profile] [profile_csr] [bigfit]
+# Stages can be picked: scripts/gpu/gpu_check.sh [wheel] [sass] [check] [probe] [test] [sanitize] [multigpu] [bench] [profile] [profile_csr] [bigfit] [atlas]
+# (atlas, minutes and 16 GB of pinned host memory, only when named).
 # (every stage but wheel needs a wheel installed by an earlier wheel stage).
 # Environment:
 #   DIRMULT_SASS_BASELINE=F  sass stage: F, a _C_cuda.so of an earlier build, against
@@ -162,6 +163,9 @@ fi
 # the CLI, on the device and streamed (--batch-size 200000); bigfit.json.
 has bigfit && run_stage bigfit "large sparse fit" "$PY" "$REPO/scripts/gpu/big_sparse_fit.py" \
   --json "$OUT/bigfit.json"
+# The atlas run: 10,000,000 x 30,000 (2e9 nonzeros) from pinned host memory; atlas.json.
+has atlas && run_stage atlas "atlas run" "$PY" "$REPO/scripts/gpu/atlas_fit.py" \
+  --json "$OUT/atlas.json"
 echo "=== summary"
 printf '%s\n' "${summary[@]}" | tee -a "$OUT/summary.txt"
 exit $status

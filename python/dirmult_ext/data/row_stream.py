@@ -109,6 +109,11 @@ class _Staging:
             self.read[j].synchronize()    # the copy out of this set has finished
         staged = []
         for buf, part in zip(self.buffers[j], _parts(block)):
+            if self.cuda and part.is_pinned():
+                # Already page-locked (a matrix kept in pinned memory): copied
+                # to the device from where it is, not through the host twice.
+                staged.append(part)
+                continue
             view = buf[:part.numel()]
             view.copy_(part)
             staged.append(view)
