@@ -13,7 +13,7 @@ at a time, and kept in pinned host memory. Printed (and written to
 * the time to copy the CSR bytes to the device, in the fit's block size,
   from the pinned matrix (CUDA events, median of 3);
 * the fit's seconds per EM iteration (``DMMixture.iter_s``), ``--iters``
-  iterations of one run (``n_init=1``, no screening, ``tol=0``), and its
+  iterations of one run (``n_init=1``, no screening, a tolerance that never stops it), and its
   ratio to the copy time;
 * peak host RSS (and above the RSS before the matrix was made), peak GPU
   memory (``torch.cuda.max_memory_allocated``).
@@ -53,13 +53,12 @@ def components(gen, k: int, cols: int, precision: float, device):
     return precision * shares / shares.sum(1, keepdim=True)
 
 
-def urn_chunk(gen, rows: int, cols: int, alpha, weights, tmin: int, tmax: int):
-    """CSR parts (indptr int64, indices int32, values float32) of ``rows``
-    DM rows on the device, and the labels."""
+def urn_chunk(gen, labels, totals, cols: int, alpha):
+    """CSR parts (indptr int64, indices int32, values float32) on the device
+    of DM rows with the given component labels and totals."""
     dev = alpha.device
     k = alpha.shape[0]
-    labels = torch.multinomial(weights, rows, replacement=True, generator=gen)
-    totals = torch.randint(tmin, tmax + 1, (rows,), generator=gen, device=dev)
+    rows, tmax = labels.numel(), int(totals.max())
     A = alpha.sum(1)[labels]
     cdf = torch.cumsum(alpha / alpha.sum(1, keepdim=True), 1)
     cdf[:, -1] = 1.0
@@ -84,34 +83,47 @@ def urn_chunk(gen, rows: int, cols: int, alpha, weights, tmin: int, tmax: int):
     r = keys // cols
     indptr = torch.zeros(rows + 1, dtype=torch.int64, device=dev)
     indptr[1:] = torch.cumsum(torch.bincount(r, minlength=rows), 0)
-    return indptr, (keys % cols).to(torch.int32), counts.to(torch.float32), labels
+    return indptr, (keys % cols).to(torch.int32), counts.to(torch.float32)
+
+
+def pinned_empty(n: int, dtype) -> torch.Tensor:
+    """An uninitialized host tensor, page-locked in place (cudaHostRegister:
+    exactly its bytes, where ``pin_memory=True`` would round up to a power
+    of two)."""
+    t = torch.empty(n, dtype=dtype)
+    rc = torch.cuda.cudart().cudaHostRegister(t.data_ptr(), t.nbytes, 0)
+    if int(rc) != 0:
+        raise RuntimeError(f"cudaHostRegister of {t.nbytes} bytes failed: {rc}")
+    return t
 
 
 def make_matrix(rows, cols, k, precision, tmin, tmax, chunk, seed):
+    """The matrix in pinned host memory, filled a chunk at a time: the
+    arrays are sized by the sum of the row totals (a bound on the
+    nonzeros), so the host never holds the matrix twice."""
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(seed)
     alpha = components(gen, k, cols, precision, dev)
     weights = torch.distributions.Dirichlet(torch.full((k,), 5.0, dtype=torch.float64,
                                                        device=dev)).sample()
-    parts = []
-    for s in range(0, rows, chunk):
-        ip, ix, v, _ = urn_chunk(gen, min(chunk, rows - s), cols, alpha, weights, tmin, tmax)
-        parts.append((ip.cpu(), ix.cpu(), v.cpu()))
-        print(f"  rows {s + ip.numel() - 1:,} of {rows:,}", file=sys.stderr, flush=True)
-    nnz = sum(int(p[1].numel()) for p in parts)
-    indptr = torch.empty(rows + 1, dtype=torch.int64, pin_memory=True)
-    indices = torch.empty(nnz, dtype=torch.int32, pin_memory=True)
-    values = torch.empty(nnz, dtype=torch.float32, pin_memory=True)
+    labels = torch.multinomial(weights, rows, replacement=True, generator=gen)
+    totals = torch.randint(tmin, tmax + 1, (rows,), generator=gen, device=dev)
+    bound = int(totals.sum())
+    indptr = pinned_empty(rows + 1, torch.int64)
+    indices = pinned_empty(bound, torch.int32)
+    values = pinned_empty(bound, torch.float32)
     indptr[0] = 0
-    r0 = n0 = 0
-    for ip, ix, v in parts:
-        m = ip.numel() - 1
-        indptr[r0 + 1:r0 + m + 1] = ip[1:] + n0
-        indices[n0:n0 + ix.numel()] = ix
-        values[n0:n0 + v.numel()] = v
-        r0, n0 = r0 + m, n0 + ix.numel()
-    del parts
-    return indptr, indices, values, nnz
+    nnz = 0
+    for s in range(0, rows, chunk):
+        e = min(s + chunk, rows)
+        ip, ix, v = urn_chunk(gen, labels[s:e], totals[s:e], cols, alpha)
+        m = ix.numel()
+        indptr[s + 1:e + 1].copy_(ip[1:] + nnz)
+        indices[nnz:nnz + m].copy_(ix)
+        values[nnz:nnz + m].copy_(v)
+        nnz += m
+        print(f"  rows {e:,} of {rows:,}", file=sys.stderr, flush=True)
+    return indptr, indices[:nnz], values[:nnz], nnz
 
 
 def copy_seconds(indptr, indices, values, batch_rows: int) -> float:
@@ -163,6 +175,7 @@ def main(argv=None) -> int:
                                                a.total_max, a.chunk, a.seed)
     gen_s = time.perf_counter() - t0
     csr_bytes = indptr.nbytes + indices.nbytes + values.nbytes
+    rss_matrix = _rss_now()
     print(f"matrix: {a.rows:,} x {a.cols:,}, {nnz:,} nonzeros, {csr_bytes / 1e9:.2f} GB "
           f"as CSR (pinned host memory), generated in {gen_s:.1f} s", flush=True)
     copy_s = copy_seconds(indptr, indices, values, a.batch_rows)
@@ -171,7 +184,7 @@ def main(argv=None) -> int:
     counts = SparseCounts(indptr, indices, values, (a.rows, a.cols), validate=False)
     torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
-    m = fit_mixture(counts, a.k, n_init=1, n_screen=0, max_iter=a.iters, tol=0.0,
+    m = fit_mixture(counts, a.k, n_init=1, n_screen=0, max_iter=a.iters, tol=1e-300,
                     seed=a.seed, device="cuda", batch_size=a.batch_rows, progress=True)
     fit_s = time.perf_counter() - t0
     out = {
@@ -180,14 +193,16 @@ def main(argv=None) -> int:
         "em_iterations": m.n_iter, "iter_s": m.iter_s, "iter_over_copy": m.iter_s / copy_s,
         "fit_s": fit_s, "log_lik": m.log_lik,
         "peak_host_rss": _peak_rss(), "host_rss_before_matrix": rss0,
+        "host_rss_with_matrix": rss_matrix,
         "peak_gpu_bytes": torch.cuda.max_memory_allocated(),
         "device": torch.cuda.get_device_name(), "torch": torch.__version__,
     }
     print(f"fit: {m.n_iter} EM iterations, {m.iter_s:.3f} s each "
           f"({m.iter_s / copy_s:.2f}x the copy), {fit_s:.1f} s in all (with the start)")
-    print(f"peak host RSS {out['peak_host_rss'] / 1e9:.2f} GB "
-          f"({(out['peak_host_rss'] - rss0) / csr_bytes:.2f}x the CSR bytes above the "
-          f"process before the matrix); peak GPU memory {out['peak_gpu_bytes'] / 1e9:.2f} GB")
+    print(f"host RSS: {rss0 / 1e9:.2f} GB before the matrix, {rss_matrix / 1e9:.2f} GB with "
+          f"it, peak {out['peak_host_rss'] / 1e9:.2f} GB ({(out['peak_host_rss'] - rss0) / csr_bytes:.2f}x "
+          f"the CSR bytes above the process before the matrix); peak GPU memory "
+          f"{out['peak_gpu_bytes'] / 1e9:.2f} GB")
     path = a.json or (os.path.join(os.environ["OUT"], "atlas.json") if os.environ.get("OUT")
                       else None)
     if path:
