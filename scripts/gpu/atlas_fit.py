@@ -177,7 +177,7 @@ def main(argv=None) -> int:
     csr_bytes = indptr.nbytes + indices.nbytes + values.nbytes
     rss_matrix = _rss_now()
     print(f"matrix: {a.rows:,} x {a.cols:,}, {nnz:,} nonzeros, {csr_bytes / 1e9:.2f} GB "
-          f"as CSR (pinned host memory), generated in {gen_s:.1f} s", flush=True)
+          f"as CSR (host memory, pinned: {values.is_pinned()}), generated in {gen_s:.1f} s", flush=True)
     copy_s = copy_seconds(indptr, indices, values, a.batch_rows)
     print(f"copy of the CSR bytes to the device in {a.batch_rows:,}-row blocks: "
           f"{copy_s:.3f} s ({csr_bytes / copy_s / 1e9:.1f} GB/s)", flush=True)
