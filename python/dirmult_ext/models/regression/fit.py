@@ -75,6 +75,7 @@ import torch
 from ..arg_checks import check_device
 from .data import INTERCEPT, PENALTIES, Reducer, as_covariates, as_dense_counts, RegressionData, identity, column_names, design_prepass
 from .module import DirichletMultinomialRegression
+from .newton import MAX_NEWTON_PARAMS, newton
 from .optim import Problem, lbfgs, prox_lbfgs
 from .result import DMRegressionFit, p_value
 from .se import MAX_EXACT_SE_PARAMS, cg_variances, exact_cov, rows_for, standardized_to_original
@@ -83,7 +84,7 @@ from ..progress import progress_bar
 from ...data.threads import fit_threads
 
 __all__ = ["fit_regression", "DMRegressionFit", "DirichletMultinomialRegression",
-           "MAX_EXACT_SE_PARAMS", "INTERCEPT"]
+           "MAX_EXACT_SE_PARAMS", "MAX_NEWTON_PARAMS", "INTERCEPT"]
 
 
 def fit_regression(counts, X, *, bias: bool = True, penalty: Optional[str] = None,
@@ -152,11 +153,9 @@ def fit_regression(counts, X, *, bias: bool = True, penalty: Optional[str] = Non
         raise ValueError(f"lam must be a finite number >= 0, got {lam!r}")
     if penalty is None and lam != 0:
         raise ValueError("lam is set but penalty is None: pass penalty='l2' or 'group_lasso'")
-    if method == "auto":
-        method = "fista" if penalty == "group_lasso" else "lbfgs"
-    if method not in ("lbfgs", "fista"):
-        raise ValueError(f"method must be 'auto', 'lbfgs' or 'fista', got {method!r}")
-    if method == "lbfgs" and penalty == "group_lasso" and lam > 0:
+    if method not in ("auto", "newton", "lbfgs", "fista"):
+        raise ValueError(f"method must be 'auto', 'newton', 'lbfgs' or 'fista', got {method!r}")
+    if method in ("lbfgs", "newton") and penalty == "group_lasso" and lam > 0:
         raise ValueError("the group lasso is not differentiable: use method='fista'")
     if not (tol > 0) or not (gtol > 0):
         raise ValueError(f"tol and gtol must be positive, got {tol!r}, {gtol!r}")
@@ -183,6 +182,9 @@ def fit_regression(counts, X, *, bias: bool = True, penalty: Optional[str] = Non
     P = X.shape[1]
     if P == 0:
         raise ValueError("X has no columns: use dirmult_ext.fit for the intercept-only model")
+    if method == "auto":
+        method = "fista" if penalty == "group_lasso" else \
+            "newton" if (P + int(bias)) * V <= MAX_NEWTON_PARAMS else "lbfgs"
     dev = counts.device if device is None else check_device(device)
     w = as_weights(weights, B, "cpu" if batch_size is not None else dev)
     covariate_names = column_names(covariate_names, P, "covariate_names", "x")
@@ -231,7 +233,7 @@ def fit_regression(counts, X, *, bias: bool = True, penalty: Optional[str] = Non
         prob = Problem(data, bias, penalty, float(lam), wsum, reduce)
         bar = progress_bar(progress, max_iter, "fit_regression") if rank0 else None
         try:
-            run = lbfgs if method == "lbfgs" else prox_lbfgs
+            run = {"lbfgs": lbfgs, "newton": newton, "fista": prox_lbfgs}[method]
             Ws, bs, trace, n_iter, converged, gnorm = run(prob, Ws0, bs0, tol=tol, gtol=gtol,
                                                           max_iter=max_iter, bar=bar)
         finally:
