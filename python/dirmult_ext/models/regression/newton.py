@@ -22,11 +22,16 @@ from .optim import Problem, lbfgs
 from .se import information
 
 
-#: Largest number of coefficients ((P + 1) V with a bias) for which
-#: ``method="auto"`` takes Newton: below it the dense Hessian's build
-#: (rows x coefficients^2) costs less than the L-BFGS iterations it saves
-#: (BENCHMARKS.md, DM regression fits).
-MAX_NEWTON_PARAMS = 400
+#: ``method="auto"`` takes Newton for at most this many coefficients
+#: (n = (P + 1) V with a bias, P V without; the Cholesky factorization costs
+#: n^3 / 3)...
+MAX_NEWTON_PARAMS = 1200
+#: ... and at most this many for (P + 1) n (P n without a bias): a Newton
+#: iteration's Hessian costs n^2 per row against about V (P + const) for a
+#: gradient pass, so this bounds its cost in gradient passes; below both
+#: Newton's 5-7 iterations beat L-BFGS's 20-60 (BENCHMARKS.md, DM
+#: regression fits).
+MAX_NEWTON_WORK = 4000
 
 _ARMIJO = 1e-4          # sufficient decrease, as a fraction of the directional derivative
 _MIN_STEP = 2.0 ** -30  # backtracking gives up below this step
