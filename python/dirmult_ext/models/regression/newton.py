@@ -29,7 +29,7 @@ MAX_NEWTON_PARAMS = 1200
 #: ... and at most this many for (P + 1) n (P n without a bias): a Newton
 #: iteration's Hessian costs n^2 per row against about V (P + const) for a
 #: gradient pass, so this bounds its cost in gradient passes; below both
-#: Newton's 5-7 iterations beat L-BFGS's 20-60 (BENCHMARKS.md, DM
+#: Newton's 5-7 iterations beat L-BFGS's 20-60 (PERFORMANCE_LEDGER.md, DM
 #: regression fits).
 MAX_NEWTON_WORK = 4000
 

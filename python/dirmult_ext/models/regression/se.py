@@ -42,7 +42,7 @@ def information(data: RegressionData, Theta: Tensor, has_bias: bool, reduce: Red
             xw = x if w is None else x * w.unsqueeze(-1)
             Idiag -= torch.einsum("bp,bq,bv->pqv", xw, x, d)
             # c >= 0 (trigamma decreases): the rank-one terms as one Gram matrix
-            # Y^T Y, which the BLAS forms at half the cost of a general product
+            # Y^T Y, under half the time of the general product (PERFORMANCE_LEDGER.md)
             cw = c if w is None else c * w
             Y = (x.unsqueeze(-1) * (a * cw.sqrt().unsqueeze(-1)).unsqueeze(1)).reshape(
                 x.shape[0], n)
