@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from ...likelihood.log_lik import log_lik
+from ...ops.library import ops
 from ...likelihood.regression import log_lik_regression
 
 
@@ -157,18 +158,18 @@ def design_prepass(data: RegressionData, reduce: Reducer):
 
 def dm_row_terms(cb: Tensor, eta: Tensor):
     """Per-row Hessian of the DM log-likelihood with respect to log alpha:
-    H_b = diag(d_b) + c_b a_b a_b^T (See Note [Regression standard errors])."""
+    H_b = diag(d_b) + c_b a_b a_b^T (See Note [Regression standard errors]),
+    from the fused trigamma terms (See Note [Trigamma terms]):
+    d = dadpoch(a, n) - (a / A) adpoch(A, N), c = -a2tpoch(A, N) / A^2."""
     n = cb.to(torch.float64)
+    eta = eta.contiguous()
     a = eta.exp()
-    A = a.sum(-1)
-    N = n.sum(-1)
-    nz = n > 0
-    dp = torch.where(nz, torch.digamma(a + n) - torch.digamma(a), torch.zeros_like(a))
-    tp = torch.where(nz, torch.polygamma(1, a + n) - torch.polygamma(1, a), torch.zeros_like(a))
-    pos = N > 0
-    dA = torch.where(pos, torch.digamma(A + N) - torch.digamma(A), torch.zeros_like(A))
-    c = torch.where(pos, torch.polygamma(1, A) - torch.polygamma(1, A + N), torch.zeros_like(A))
-    d = a * dp + a * a * tp - a * dA.unsqueeze(-1)
+    log_A = torch.logsumexp(eta, -1)
+    A = log_A.exp()
+    _, dad = ops.tpoch_terms(eta, n)
+    a2t_row, dad_row = ops.tpoch_terms(log_A, n.sum(-1))
+    d = dad - (a / A.unsqueeze(-1)) * (dad_row - a2t_row).unsqueeze(-1)
+    c = -a2t_row / (A * A)
     return a, d, c
 
 
