@@ -49,7 +49,8 @@ except (AttributeError, NameError):  # a torch that moved them: the public path
     _INTERNALS = False
 
 # (torch.func support needs these even off the fast path.)
-_FUNCTORCH_ACTIVE = getattr(torch._C, "_are_functorch_transforms_active", None)
+_FUNCTORCH_ACTIVE = (getattr(torch._C, "_are_functorch_transforms_active", None)
+                     or (lambda: False))
 _FORWARD_AD = torch.autograd.forward_ad
 # torch runs an autograd.Function's jvp staticmethod with forward AD off;
 # .transforms turns it back on there (Note [Forward over forward]).
@@ -69,8 +70,7 @@ def _transforms_active_now() -> bool:
     """A functorch transform is active, or a ``torch.autograd.forward_ad``
     dual level is entered: both take the ops' transform-aware functions,
     whose ``jvp`` is the only forward-mode derivative the ops have."""
-    return ((_FUNCTORCH_ACTIVE is not None and _FUNCTORCH_ACTIVE())
-            or getattr(_FORWARD_AD, "_current_level", -1) >= 0)
+    return _FUNCTORCH_ACTIVE() or _FORWARD_AD._current_level >= 0
 
 
 _TRANSFORMS_ACTIVE = _transforms_active_now
@@ -194,7 +194,7 @@ def call(op, function, n_tensors: int, *args):
     elsewhere (compiling, or off the fast path)."""
     if _is_compiling():
         return op(*args)
-    if _TRANSFORMS_ACTIVE():
+    if _FUNCTORCH_ACTIVE() or _FORWARD_AD._current_level >= 0:  # (_TRANSFORMS_ACTIVE inline)
         return _TRANSFORMED.get(op, op)(*args)
     if not FAST_PATH:
         return op(*args)

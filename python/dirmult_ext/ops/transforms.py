@@ -511,7 +511,7 @@ class _Dadpoch(_SecondDerivative):
 
     @staticmethod
     def forward(log_a, n):
-        return ops.tpoch_terms(log_a, n)[1]
+        return _elementwise(lambda a, x: ops.tpoch_terms(a, x)[1], log_a, n)
 
 
 class _Adpoch(torch.autograd.Function):
@@ -521,11 +521,11 @@ class _Adpoch(torch.autograd.Function):
 
     @staticmethod
     def forward(log_a, n):
-        return ops.poch_terms(log_a, n)[1]
+        return _elementwise(lambda a, x: ops.poch_terms(a, x)[1], log_a, n)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        ctx.set_materialize_grads(False)
+        ctx.set_materialize_grads(False)  # (tangents of non-dual inputs arrive as None)
         ctx.save_for_backward(*inputs)
         ctx.save_for_forward(*inputs)
 
@@ -561,12 +561,12 @@ def _rows_dot(row, col, x, B, log_alpha, t, adpoch):
     nonzeros j (row[j], col[j], x[j]): out[b] = sum_j adpoch(a[col_j], x_j)
     t[col_j] - adpoch(A, N_b) sum_v a_v t_v / A."""
     lead = tuple(log_alpha.shape[:-1])
-    per_nz = _elementwise(adpoch, log_alpha[..., col], x) * t[..., col]
+    per_nz = adpoch(log_alpha[..., col], x) * t[..., col]
     by_row = per_nz.new_zeros(lead + (B,)).index_add(-1, row, per_nz)
     N = x.new_zeros(B).index_add(0, row, x)
     log_A = torch.logsumexp(log_alpha, -1, keepdim=True)
     share = (log_alpha.exp() * t).sum(-1, keepdim=True) / log_A.exp()
-    out = by_row - _elementwise(adpoch, log_A, N) * share
+    out = by_row - adpoch(log_A, N) * share
     return out.movedim(0, -1) if lead else out
 
 
@@ -591,7 +591,7 @@ def _csr_hessian_dot(grad, row, col, x, B, log_alpha, w):
 
 
 def _adpoch_op(log_a, n):
-    return ops.poch_terms(log_a, n)[1]
+    return _elementwise(lambda a, x: ops.poch_terms(a, x)[1], log_a, n)
 
 
 class _CsrSecond(_SecondDerivative):
@@ -664,12 +664,15 @@ class _Csr(torch.autograd.Function):
     def setup_context(ctx, inputs, output):
         ctx.set_materialize_grads(False)  # (tangents of non-dual inputs arrive as None)
         crow, col, values, log_alpha, normalize, ptr, rows, csc_values = inputs
-        ctx.save_for_backward(crow, values, log_alpha, ptr, rows, csc_values)
-        ctx.save_for_forward(crow, col, values, log_alpha)
+        # (The same tensors for both: a generated vmap rule keeps one record
+        # of the saved tensors' batch dimensions, the last saved.)
+        saved = (crow, col, values, log_alpha, ptr, rows, csc_values)
+        ctx.save_for_backward(*saved)
+        ctx.save_for_forward(*saved)
 
     @staticmethod
     def backward(ctx, grad):
-        crow, values, log_alpha, ptr, rows, csc_values = ctx.saved_tensors
+        crow, _, values, log_alpha, ptr, rows, csc_values = ctx.saved_tensors
         if ctx.needs_input_grad[2]:
             raise _csr_values_error()
         return (None, None, None, _CsrBackward.apply(grad, crow, values, ptr, rows, csc_values,
@@ -680,7 +683,7 @@ class _Csr(torch.autograd.Function):
         if t_values is not None:
             raise _csr_values_error()
         with forward_ad_in_jvp():
-            crow, col, values, log_alpha = _primals(ctx.saved_tensors)
+            crow, col, values, log_alpha = _primals(ctx.saved_tensors[:4])
             B = crow.shape[0] - 1
             # Through _Adpoch: differentiable again (second derivatives by jvp).
             return _rows_dot(row_of_nonzero(crow, col.shape[0]), col,
