@@ -1,34 +1,48 @@
-"""The ops under the ``torch.func`` transforms: batching rules for
-``torch.vmap`` and autograd.Functions that ``torch.func.grad``, ``jacrev``,
-``jacfwd``, ``hessian`` and their compositions with ``vmap`` accept. See
-Note [torch.func].
+"""The ops under the ``torch.func`` transforms and forward-mode AD: batching
+rules for ``torch.vmap`` and autograd.Functions that ``torch.func.grad``,
+``jacrev``, ``jacfwd``, ``jvp``, ``hessian``, ``torch.autograd.forward_ad``
+and their compositions with ``vmap`` accept. See Note [torch.func].
 
 Note [torch.func]
 ~~~~~~~~~~~~~~~~~
 ``register_autograd`` wraps an op's formula in an autograd.Function without
 a ``setup_context`` staticmethod, which the functorch transforms refuse
-(torch raises "it must override the setup_context staticmethod"). So while a
-transform is active, the public functions call the ops through the
-functions below instead: each has ``setup_context``, a ``jvp`` (forward
-mode) and ``generate_vmap_rule`` (torch vmaps forward, backward and jvp,
-reaching the ops' batching rules registered here). Every derivative is
-again such a function or plain torch ops, so derivatives of derivatives
-compose as deep as formulas exist:
+(torch raises "it must override the setup_context staticmethod"), and it
+has no forward mode (a dual tensor's tangent would be dropped). So while a
+transform or a ``forward_ad.dual_level`` is active, the public functions
+call the ops through the functions below instead: each has
+``setup_context``, a ``jvp`` (forward mode) and ``generate_vmap_rule``
+(torch vmaps forward, backward and jvp, reaching the ops' batching rules
+registered here). Every derivative is again such a function or plain torch
+ops, so derivatives of derivatives compose as deep as formulas exist, in
+either mode, in any order (``jacfwd(jacfwd)``, ``jacfwd(jacrev)`` =
+``hessian``, ``jacrev(jacfwd)``, ``jacrev(jacrev)``, ``jvp(jvp)``,
+``jvp(grad)``, ``vmap`` of any of them):
 
 * log_lik, log_lik_components: first and second derivatives with respect to
-  log_alpha (``hessian`` = ``jacfwd(jacrev)``, ``jacrev(jacrev)``); for
-  log_lik also with respect to floating counts (first order only). Third
-  derivatives raise, as in plain autograd. ``jacfwd(jacfwd)`` is not
-  supported: torch runs a ``jvp`` staticmethod with forward AD off, so the
-  outer ``jacfwd`` sees no dependence on the inner tangent's point; take
-  the Hessian with ``hessian``, ``jacrev(jacrev)`` or ``jacrev(jacfwd)``.
+  log_alpha; for log_lik also first derivatives with respect to floating
+  counts. Third derivatives, and second ones involving counts, raise
+  NotImplementedError, as in plain autograd.
 * log_lik_regression: the forward is the fused op; its derivatives are
   formed from the (B, V) concentrations ``X @ W + bias`` through log_lik's
   functions, so they compose to every order log_lik's do.
-* sparse counts (the CSR ops): first derivatives with respect to log_alpha
-  (``grad``, ``jacrev``, ``jacfwd``, ``vmap`` over log_alpha); a second
-  derivative raises and names the dense path. Per-row ``vmap`` over a
-  sparse matrix's rows is not possible (rows of different lengths).
+* sparse counts (the CSR ops; a SparseCounts, or a torch sparse CSR, CSC or
+  COO tensor closed over by the function, converted before the op): first
+  and second derivatives with respect to log_alpha, from the nonzeros'
+  formulas (a third raises). ``vmap`` over log_alpha works; ``vmap`` over
+  a batch of sparse tensors raises (rows of different lengths): pass the
+  rows dense.
+
+Note [Forward over forward]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~
+torch calls an autograd.Function's ``jvp`` staticmethod with forward-mode
+AD turned off, at every level: an enclosing ``jacfwd``/``jvp`` then sees a
+tangent that does not depend on the point and returns zeros for the second
+derivative, silently. Each ``jvp`` below therefore turns forward mode back
+on (dispatch.forward_ad_in_jvp) and evaluates its formula at the saved
+tensors' primals (dispatch.primal: this level's tangent removed, every
+enclosing level's kept), through functions that are themselves
+differentiable, so the enclosing levels differentiate the tangent itself.
 
 Outside the transforms nothing here runs: eager calls keep the fast path,
 torch.compile, export and TorchScript keep the registered ops.
