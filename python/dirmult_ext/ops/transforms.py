@@ -584,6 +584,13 @@ def _rows_dot(row, col, x, B, log_alpha, t, adpoch):
     return out.movedim(0, -1) if lead else out
 
 
+def _masked(g, terms):
+    # Rows whose incoming gradient is 0 do not enter, as in the dense double
+    # backward and the first-order kernels (their bad counts do not make it NaN).
+    return torch.where(g != 0, g * terms, torch.zeros((), dtype=terms.dtype,
+                                                      device=terms.device))
+
+
 def _csr_hessian_dot(grad, row, col, x, B, log_alpha, w):
     """The gradient's (sum_b grad_b row b's gradient) derivative with
     respect to log_alpha contracted with w (symmetric: the jvp and the vjp
@@ -593,12 +600,13 @@ def _csr_hessian_dot(grad, row, col, x, B, log_alpha, w):
     la_nz = log_alpha[..., col]
     dad = _elementwise(lambda a, n: ops.tpoch_terms(a, n)[1], la_nz, x)
     lead = tuple(log_alpha.shape[:-1])
-    s1 = dad.new_zeros(lead + (log_alpha.shape[-1],)).index_add(-1, col, g[..., row] * dad)
+    s1 = dad.new_zeros(lead + (log_alpha.shape[-1],)).index_add(-1, col,
+                                                                 _masked(g[..., row], dad))
     N = x.new_zeros(B).index_add(0, row, x)
     log_A = torch.logsumexp(log_alpha, -1, keepdim=True)
     a2t_row, dad_row = _elementwise(ops.tpoch_terms, log_A, N)
-    r1 = (g * dad_row).sum(-1, keepdim=True)
-    r2 = (g * a2t_row).sum(-1, keepdim=True)
+    r1 = _masked(g, dad_row).sum(-1, keepdim=True)
+    r2 = _masked(g, a2t_row).sum(-1, keepdim=True)
     a, A = log_alpha.exp(), log_A.exp()
     c = (a * w).sum(-1, keepdim=True) / A
     return w * s1 - (a / A) * (w * r1 + (c - w) * r2)
