@@ -24,9 +24,9 @@ def _tol(dtype, order):
     return 2e-5 if order == 1 else 1e-4
 
 
-def _close(actual, expected, dtype, order=1):
+def _close(actual, expected, dtype, order=1, scale=None):
     expected = expected.double()
-    scale = expected.abs().max().clamp_min(1.0)
+    scale = expected.abs().max().clamp_min(1.0) if scale is None else scale
     err = (actual.double() - expected).abs().max()
     assert err <= _tol(dtype, order) * scale, f"max error {err:.3g} at scale {scale:.3g}"
 
@@ -228,8 +228,142 @@ def test_sparse_counts(components):
     batch = torch.stack([la, la * 0.5 - 0.3])
     _close(vmap(grad(lambda x: public(sparse, x).sum()))(batch),
            torch.stack([grad(lambda x: ref(x).sum())(x) for x in batch]), torch.float64)
-    with pytest.raises(NotImplementedError, match="dense"):
-        hessian(lambda x: public(sparse, x).sum())(la)
+    expected_h = hessian(lambda x: ref(x).sum())(la)
+    _close(hessian(lambda x: public(sparse, x).sum())(la), expected_h, torch.float64, 2)
+    _close(jacrev(jacrev(lambda x: public(sparse, x).sum()))(la), expected_h, torch.float64, 2)
+
+
+@pytest.mark.parametrize("layout", ["csr", "csc", "coo"])
+def test_raw_torch_sparse_counts(layout):
+    """A torch sparse tensor as counts, closed over by the transforms."""
+    dense = random_sparse_counts(10, 6, 0.4, torch.float64)
+    sparse = {"csr": dense.to_sparse_csr, "csc": dense.to_sparse_csc,
+              "coo": dense.to_sparse}[layout]()
+    la = torch.empty(6, dtype=torch.float64).uniform_(-1, 1)
+    f = lambda x: dirmult_ext.log_lik(sparse, x, reduction="sum")  # noqa: E731
+    f_ref = lambda x: log_lik_float64(dense, x).sum()  # noqa: E731
+    _close(grad(f)(la), grad(f_ref)(la), torch.float64)
+    rows = lambda x: dirmult_ext.log_lik(sparse, x)  # noqa: E731
+    expected_jac = jacrev(lambda x: log_lik_float64(dense, x))(la)
+    _close(jacrev(rows)(la), expected_jac, torch.float64)
+    _close(jacfwd(rows)(la), expected_jac, torch.float64)
+    _close(hessian(f)(la), hessian(f_ref)(la), torch.float64, 2)
+    batch = torch.empty(3, 6, dtype=torch.float64).uniform_(-1, 1)
+    _close(vmap(f)(batch), torch.stack([f_ref(x) for x in batch]), torch.float64)
+    comps = torch.empty(2, 6, dtype=torch.float64).uniform_(-1, 1)
+    _close(grad(lambda x: dirmult_ext.log_lik_components(sparse, x).sum())(comps),
+           grad(lambda x: components_float64(dense, x).sum())(comps), torch.float64)
+
+
+def test_vmap_over_a_batch_of_sparse_tensors_raises():
+    dense = torch.stack([random_sparse_counts(4, 5, 0.5, torch.float64) for _ in range(2)])
+    la = torch.randn(5, dtype=torch.float64)
+    with pytest.raises(NotImplementedError, match="vmap over a batch of sparse"):
+        vmap(lambda c: dirmult_ext.log_lik(c, la))(dense.to_sparse())
+
+
+# ------------------------------------------------------------- forward mode
+def _forward_cases():
+    """(name, f, f_ref, x): f a function of one tensor by the public
+    functions, f_ref the float64 formula, x the point (float64)."""
+    counts = random_counts((7, 5), torch.float64, "cpu", high=12, zero_frac=0.4)
+    dense = random_sparse_counts(9, 5, 0.4, torch.float64)
+    sparse = dirmult_ext.SparseCounts.from_dense(dense)
+    X = torch.randn(7, 3, dtype=torch.float64)
+    bias = torch.randn(5, dtype=torch.float64) * 0.4
+    w = torch.rand(7, dtype=torch.float64) + 0.5
+    la = torch.empty(5, dtype=torch.float64).uniform_(-1.5, 1.5)
+    per_sample = torch.empty(7, 5, dtype=torch.float64).uniform_(-1.5, 1.5)
+    comps = torch.empty(3, 5, dtype=torch.float64).uniform_(-1.5, 1.5)
+    W = torch.randn(3, 5, dtype=torch.float64) * 0.4
+    return [
+        ("log_lik", lambda x: dirmult_ext.log_lik(counts, x, normalize=True) * w,
+         lambda x: log_lik_float64(counts, x, True) * w, la),
+        ("log_lik per-sample", lambda x: dirmult_ext.log_lik(counts, x).sum(),
+         lambda x: log_lik_float64(counts, x).sum(), per_sample),
+        ("log_lik_components", lambda x: dirmult_ext.log_lik_components(counts, x).logsumexp(-1),
+         lambda x: components_float64(counts, x).logsumexp(-1), comps),
+        ("log_lik_regression", lambda x: dirmult_ext.log_lik_regression(counts, X, x, bias),
+         lambda x: log_lik_float64(counts, X @ x + bias), W),
+        ("sparse log_lik", lambda x: dirmult_ext.log_lik(sparse, x),
+         lambda x: log_lik_float64(dense, x), la),
+        ("sparse log_lik_components",
+         lambda x: dirmult_ext.log_lik_components(sparse, x).logsumexp(-1),
+         lambda x: components_float64(dense, x).logsumexp(-1), comps),
+    ]
+
+
+def _forward_ad(f, x, t):
+    import torch.autograd.forward_ad as fwAD
+    with fwAD.dual_level():
+        return fwAD.unpack_dual(f(fwAD.make_dual(x, t))).tangent
+
+
+def _scalar(f):
+    return lambda x: f(x).sum()
+
+
+_COMPOSITIONS = {
+    # name: (the transform of f at x along tangent t, order)
+    "jacfwd": (lambda f, x, t: jacfwd(f)(x), 1),
+    "jvp": (lambda f, x, t: torch.func.jvp(f, (x,), (t,))[1], 1),
+    "forward_ad": (lambda f, x, t: _forward_ad(f, x, t), 1),
+    "vmap(jacfwd)": (lambda f, x, t: vmap(jacfwd(f))(torch.stack([x, x + t])), 1),
+    "jacfwd(jacfwd)": (lambda f, x, t: jacfwd(jacfwd(_scalar(f)))(x), 2),
+    "jacfwd(jacrev)": (lambda f, x, t: jacfwd(jacrev(_scalar(f)))(x), 2),
+    "jacrev(jacfwd)": (lambda f, x, t: jacrev(jacfwd(_scalar(f)))(x), 2),
+    "hessian": (lambda f, x, t: hessian(_scalar(f))(x), 2),
+    "jvp(jvp)": (lambda f, x, t: torch.func.jvp(
+        lambda y: torch.func.jvp(_scalar(f), (y,), (t,))[1], (x,), (t,))[1], 2),
+    "jvp(grad)": (lambda f, x, t: torch.func.jvp(grad(_scalar(f)), (x,), (t,))[1], 2),
+    "forward_ad(jacrev)": (lambda f, x, t: _forward_ad(jacrev(_scalar(f)), x, t), 2),
+    "vmap(jacfwd(jacfwd))": (lambda f, x, t: vmap(jacfwd(jacfwd(_scalar(f))))(
+        torch.stack([x, x - t])), 2),
+}
+
+
+_CONTRACTED = ("jvp(jvp)",)
+
+
+@pytest.mark.parametrize("composition", list(_COMPOSITIONS))
+def test_forward_mode_compositions(composition):
+    """Every op under every forward-mode composition against the same
+    composition of the float64 formula (never zeros)."""
+    transform, order = _COMPOSITIONS[composition]
+    for name, f, f_ref, x in _forward_cases():
+        t = torch.randn_like(x)
+        expected = transform(f_ref, x, t)
+        assert expected.abs().max() > 0.1, name
+        actual = transform(f, x, t)
+        assert actual.shape == expected.shape, name
+        scale = None
+        if composition in _CONTRACTED:
+            # A Hessian contracted with tangents: relative to the terms summed.
+            H = hessian(_scalar(f_ref))(x).reshape(x.numel(), x.numel())
+            scale = (t.reshape(-1).abs() @ H.abs() @ t.reshape(-1).abs()).clamp_min(1.0)
+        try:
+            _close(actual, expected, torch.float64, order, scale)
+        except AssertionError as e:
+            raise AssertionError(f"{name}: {e}") from None
+
+
+def test_forward_ad_with_respect_to_counts():
+    counts, la = _draw(6, 4, torch.float64)
+    t = torch.randn_like(counts)
+    f = lambda c: dirmult_ext.log_lik(c, la, normalize=True)  # noqa: E731
+    _close(_forward_ad(f, counts, t), _forward_ad(lambda c: log_lik_float64(c, la, True),
+                                                   counts, t), torch.float64)
+
+
+def test_third_derivatives_by_forward_mode_raise():
+    counts, la = _draw(5, 4, torch.float64)
+    f = lambda x: dirmult_ext.log_lik(counts, x).sum()  # noqa: E731
+    for third in (jacfwd(jacfwd(jacfwd(f))), jacfwd(hessian(f)), jacrev(jacfwd(jacfwd(f)))):
+        with pytest.raises(NotImplementedError, match="third derivatives"):
+            third(la)
+    sparse = dirmult_ext.SparseCounts.from_dense(counts)
+    with pytest.raises(NotImplementedError, match="third derivatives"):
+        jacfwd(jacfwd(jacfwd(lambda x: dirmult_ext.log_lik(sparse, x).sum())))(la)
 
 
 # ----------------------------------------------------- the batching rules

@@ -83,6 +83,13 @@ def log_lik(counts: Tensor, log_alpha: Optional[Tensor] = None, *,
     exactly 0 do not enter the gradient of shared or component
     concentrations (their bad counts do not make it NaN; on CUDA, runs of 8
     such rows are not even read).
+
+    Composes with ``torch.func`` (``grad``, ``jacrev``, ``jacfwd``, ``jvp``,
+    ``hessian``, ``vmap`` of them) and ``torch.autograd.forward_ad``: first
+    and second derivatives with respect to ``log_alpha`` in either mode, for
+    dense and sparse counts (a torch sparse tensor is closed over, not
+    vmapped); first derivatives with respect to floating ``counts``. A
+    third derivative raises ``NotImplementedError``.
     """
     if (log_alpha is None) == (alpha is None):
         raise ValueError("pass exactly one of log_alpha and alpha")

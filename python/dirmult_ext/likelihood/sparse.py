@@ -13,14 +13,31 @@ from ..data.sparse_counts import MAX_CUDA_COMPONENTS, SparseCounts, as_sparse_co
 from ..ops import transforms
 from ..ops.csr import CsrSinglePass, single_pass_applies
 from ..ops import checks
-from ..ops.dispatch import transforms_active
+from ..ops.dispatch import is_transform_wrapped, outside_transforms, transforms_active
 from ..ops.library import ops
 
 __all__ = ["log_lik", "log_lik_components"]
 
 
+def _as_sparse_counts(counts, validate: bool) -> SparseCounts:
+    if not transforms_active():
+        return as_sparse_counts(counts, validate=True if validate else None)
+    # A torch sparse tensor closed over by a torch.func transform: converted
+    # (and its column-sorted copy built) with the transforms' layers off,
+    # which cannot read a sparse layout; the parts enter the op as constants.
+    if is_transform_wrapped(counts):
+        raise NotImplementedError(
+            "dirmult: sparse counts cannot be batched or differentiated by torch.func "
+            "(torch.vmap over a batch of sparse tensors is not supported): close over one "
+            "sparse matrix and vmap over log_alpha, or pass the rows dense to vmap over them")
+    with outside_transforms():
+        sc = as_sparse_counts(counts, validate=True if validate else None)
+        sc.csc()
+    return sc
+
+
 def _prepare(counts, log_alpha: Tensor, name: str, validate: bool) -> Tuple[SparseCounts, Tensor]:
-    sc = as_sparse_counts(counts, validate=True if validate else None)
+    sc = _as_sparse_counts(counts, validate)
     if not isinstance(log_alpha, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(log_alpha).__name__}")
     if not log_alpha.is_floating_point():

@@ -21,12 +21,14 @@ problems). CI runs the op tests both ways.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
 
 __all__ = ["FAST_PATH", "call", "run", "run_backward", "eager", "is_uniform",
-           "checked_kernel", "past_checks", "transforms_active", "register_transformed"]
+           "checked_kernel", "past_checks", "transforms_active", "register_transformed",
+           "forward_ad_in_jvp", "primal", "outside_transforms", "is_transform_wrapped"]
 
 # The checks' redispatch (registered only on torch < 2.13, which has these).
 try:
@@ -46,8 +48,32 @@ try:
 except (AttributeError, NameError):  # a torch that moved them: the public path
     _INTERNALS = False
 
-# (torch.func support needs this one even off the fast path.)
-_TRANSFORMS_ACTIVE = getattr(torch._C, "_are_functorch_transforms_active", None)
+# (torch.func support needs these even off the fast path.)
+_FUNCTORCH_ACTIVE = (getattr(torch._C, "_are_functorch_transforms_active", None)
+                     or (lambda: False))
+_FORWARD_AD = torch.autograd.forward_ad
+# torch runs an autograd.Function's jvp staticmethod with forward AD off;
+# .transforms turns it back on there (Note [Forward over forward]).
+_SET_FWD_GRAD_ENABLED = getattr(_FORWARD_AD, "_set_fwd_grad_enabled", None)
+_DISABLE_FUNCTORCH = getattr(torch._C, "_DisableFuncTorch", None)
+_FUNCTORCH = getattr(torch._C, "_functorch", None)
+_IS_WRAPPED = getattr(_FUNCTORCH, "is_functorch_wrapped_tensor", None)
+try:
+    _IS_BATCHED = _FUNCTORCH.is_batchedtensor
+    _UNWRAP_BATCHED = _FUNCTORCH._unwrap_batched
+    _ADD_BATCH_DIM = _FUNCTORCH._add_batch_dim
+except AttributeError:
+    _IS_BATCHED = None
+
+
+def _transforms_active_now() -> bool:
+    """A functorch transform is active, or a ``torch.autograd.forward_ad``
+    dual level is entered: both take the ops' transform-aware functions,
+    whose ``jvp`` is the only forward-mode derivative the ops have."""
+    return _FUNCTORCH_ACTIVE() or _FORWARD_AD._current_level >= 0
+
+
+_TRANSFORMS_ACTIVE = _transforms_active_now
 
 #: Whether eager calls take the fast path (else the registered op).
 FAST_PATH = _INTERNALS and os.environ.get("DIRMULT_FAST_PATH", "1") != "0"
@@ -67,16 +93,50 @@ def eager() -> bool:
     """Plain eager mode: not compiling, no functorch transform active."""
     if not FAST_PATH:
         return False
-    return not _is_compiling() and not (_TRANSFORMS_ACTIVE is not None
-                                        and _TRANSFORMS_ACTIVE())
+    return not _is_compiling() and not _TRANSFORMS_ACTIVE()
 
 
 def transforms_active() -> bool:
-    """A torch.func transform (grad, vmap, jvp, ...) is active and this is
-    not a torch.compile trace: the public functions then call the ops
-    through .transforms (Note [torch.func])."""
-    return (_TRANSFORMS_ACTIVE is not None and not _is_compiling()
-            and _TRANSFORMS_ACTIVE())
+    """A torch.func transform (grad, vmap, jvp, ...) or a forward-mode AD
+    dual level is active and this is not a torch.compile trace: the public
+    functions then call the ops through .transforms (Note [torch.func])."""
+    return not _is_compiling() and _TRANSFORMS_ACTIVE()
+
+
+def forward_ad_in_jvp():
+    """A context manager turning forward-mode AD on inside an
+    autograd.Function's ``jvp``, so that an enclosing forward-mode level
+    sees the tangent's dependence on the point (Note [Forward over forward])."""
+    if _SET_FWD_GRAD_ENABLED is None:
+        raise RuntimeError(
+            "dirmult: this torch has no torch.autograd.forward_ad._set_fwd_grad_enabled; "
+            "forward-mode derivatives of the dirmult ops (jvp, jacfwd) are unavailable. "
+            "Use reverse mode (grad, jacrev; hessian as jacrev(jacrev)).")
+    return _SET_FWD_GRAD_ENABLED(True)
+
+
+def primal(t):
+    """t without the current forward-mode level's tangent, keeping every
+    other level's (Note [Forward over forward]). ``unpack_dual`` has no
+    batching rule: a tensor batched by vmap (the jvp of a generated vmap
+    rule sees its saved tensors so) is unwrapped, unpacked and batched again."""
+    if _IS_BATCHED is not None and _IS_BATCHED(t):
+        inner, bdim = _UNWRAP_BATCHED(t, _FUNCTORCH.maybe_get_level(t))
+        return _ADD_BATCH_DIM(primal(inner), bdim, _FUNCTORCH.maybe_get_level(t))
+    return _FORWARD_AD.unpack_dual(t).primal
+
+
+def outside_transforms():
+    """A context manager in which tensors not created by a torch.func
+    transform are plain again to torch's ops (a sparse tensor, which the
+    transforms' layers cannot read, converted before entering the op)."""
+    return _DISABLE_FUNCTORCH() if _DISABLE_FUNCTORCH is not None else contextlib.nullcontext()
+
+
+def is_transform_wrapped(t) -> bool:
+    """Whether t is a torch.func transform's tensor (batched or tracked by
+    grad/jvp), not a plain one closed over."""
+    return _IS_WRAPPED is not None and isinstance(t, torch.Tensor) and bool(_IS_WRAPPED(t))
 
 
 def _kernel_keys(tensors):
@@ -134,7 +194,7 @@ def call(op, function, n_tensors: int, *args):
     elsewhere (compiling, or off the fast path)."""
     if _is_compiling():
         return op(*args)
-    if _TRANSFORMS_ACTIVE is not None and _TRANSFORMS_ACTIVE():
+    if _FUNCTORCH_ACTIVE() or _FORWARD_AD._current_level >= 0:  # (_TRANSFORMS_ACTIVE inline)
         return _TRANSFORMED.get(op, op)(*args)
     if not FAST_PATH:
         return op(*args)

@@ -1,34 +1,48 @@
-"""The ops under the ``torch.func`` transforms: batching rules for
-``torch.vmap`` and autograd.Functions that ``torch.func.grad``, ``jacrev``,
-``jacfwd``, ``hessian`` and their compositions with ``vmap`` accept. See
-Note [torch.func].
+"""The ops under the ``torch.func`` transforms and forward-mode AD: batching
+rules for ``torch.vmap`` and autograd.Functions that ``torch.func.grad``,
+``jacrev``, ``jacfwd``, ``jvp``, ``hessian``, ``torch.autograd.forward_ad``
+and their compositions with ``vmap`` accept. See Note [torch.func].
 
 Note [torch.func]
 ~~~~~~~~~~~~~~~~~
 ``register_autograd`` wraps an op's formula in an autograd.Function without
 a ``setup_context`` staticmethod, which the functorch transforms refuse
-(torch raises "it must override the setup_context staticmethod"). So while a
-transform is active, the public functions call the ops through the
-functions below instead: each has ``setup_context``, a ``jvp`` (forward
-mode) and ``generate_vmap_rule`` (torch vmaps forward, backward and jvp,
-reaching the ops' batching rules registered here). Every derivative is
-again such a function or plain torch ops, so derivatives of derivatives
-compose as deep as formulas exist:
+(torch raises "it must override the setup_context staticmethod"), and it
+has no forward mode (a dual tensor's tangent would be dropped). So while a
+transform or a ``forward_ad.dual_level`` is active, the public functions
+call the ops through the functions below instead: each has
+``setup_context``, a ``jvp`` (forward mode) and ``generate_vmap_rule``
+(torch vmaps forward, backward and jvp, reaching the ops' batching rules
+registered here). Every derivative is again such a function or plain torch
+ops, so derivatives of derivatives compose as deep as formulas exist, in
+either mode, in any order (``jacfwd(jacfwd)``, ``jacfwd(jacrev)`` =
+``hessian``, ``jacrev(jacfwd)``, ``jacrev(jacrev)``, ``jvp(jvp)``,
+``jvp(grad)``, ``vmap`` of any of them):
 
 * log_lik, log_lik_components: first and second derivatives with respect to
-  log_alpha (``hessian`` = ``jacfwd(jacrev)``, ``jacrev(jacrev)``); for
-  log_lik also with respect to floating counts (first order only). Third
-  derivatives raise, as in plain autograd. ``jacfwd(jacfwd)`` is not
-  supported: torch runs a ``jvp`` staticmethod with forward AD off, so the
-  outer ``jacfwd`` sees no dependence on the inner tangent's point; take
-  the Hessian with ``hessian``, ``jacrev(jacrev)`` or ``jacrev(jacfwd)``.
+  log_alpha; for log_lik also first derivatives with respect to floating
+  counts. Third derivatives, and second ones involving counts, raise
+  NotImplementedError, as in plain autograd.
 * log_lik_regression: the forward is the fused op; its derivatives are
   formed from the (B, V) concentrations ``X @ W + bias`` through log_lik's
   functions, so they compose to every order log_lik's do.
-* sparse counts (the CSR ops): first derivatives with respect to log_alpha
-  (``grad``, ``jacrev``, ``jacfwd``, ``vmap`` over log_alpha); a second
-  derivative raises and names the dense path. Per-row ``vmap`` over a
-  sparse matrix's rows is not possible (rows of different lengths).
+* sparse counts (the CSR ops; a SparseCounts, or a torch sparse CSR, CSC or
+  COO tensor closed over by the function, converted before the op): first
+  and second derivatives with respect to log_alpha, from the nonzeros'
+  formulas (a third raises). ``vmap`` over log_alpha works; ``vmap`` over
+  a batch of sparse tensors raises (rows of different lengths): pass the
+  rows dense.
+
+Note [Forward over forward]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~
+torch calls an autograd.Function's ``jvp`` staticmethod with forward-mode
+AD turned off, at every level: an enclosing ``jacfwd``/``jvp`` then sees a
+tangent that does not depend on the point and returns zeros for the second
+derivative, silently. Each ``jvp`` below therefore turns forward mode back
+on (dispatch.forward_ad_in_jvp) and evaluates its formula at the saved
+tensors' primals (dispatch.primal: this level's tangent removed, every
+enclosing level's kept), through functions that are themselves
+differentiable, so the enclosing levels differentiate the tangent itself.
 
 Outside the transforms nothing here runs: eager calls keep the fast path,
 torch.compile, export and TorchScript keep the registered ops.
@@ -38,7 +52,8 @@ from __future__ import annotations
 import torch
 
 from . import second_derivatives
-from .dispatch import register_transformed
+from .csr import row_of_nonzero
+from .dispatch import forward_ad_in_jvp, primal, register_transformed
 from .library import ops
 
 __all__ = ["log_lik", "log_lik_components", "log_lik_regression", "log_lik_csr"]
@@ -201,6 +216,13 @@ for _name, _rule in [("log_lik", _log_lik_vmap),
 
 
 # ------------------------------------------------------- composable functions
+def _primals(tensors):
+    """The saved tensors without this level's tangent: the point at which
+    a jvp's formula is evaluated, differentiable again by enclosing levels
+    (Note [Forward over forward])."""
+    return tuple(None if t is None else primal(t) for t in tensors)
+
+
 def _third_order_error():
     return NotImplementedError(
         "dirmult: third derivatives of log_lik are not supported (the second-derivative "
@@ -269,9 +291,14 @@ class _LogLikBackward(torch.autograd.Function):
 
     @staticmethod
     def jvp(ctx, t_grad, t_counts, t_la, _normalize, _counts_grad):
-        grad, counts, log_alpha = ctx.saved_tensors
         if t_counts is not None or (ctx.counts_grad and t_la is not None):
             raise second_derivatives.counts_error("log_lik")
+        with forward_ad_in_jvp():
+            return _LogLikBackward._jvp(ctx, t_grad, t_la)
+
+    @staticmethod
+    def _jvp(ctx, t_grad, t_la):
+        grad, counts, log_alpha = _primals(ctx.saved_tensors)
         d_la = torch.zeros_like(log_alpha)
         d_counts = (torch.zeros(counts.shape, dtype=log_alpha.dtype, device=log_alpha.device)
                     if ctx.counts_grad else log_alpha.new_zeros((0,)))
@@ -313,8 +340,13 @@ class _LogLik(torch.autograd.Function):
 
     @staticmethod
     def jvp(ctx, t_counts, t_la, _normalize):
+        with forward_ad_in_jvp():
+            return _LogLik._jvp(ctx, t_counts, t_la)
+
+    @staticmethod
+    def _jvp(ctx, t_counts, t_la):
         # The rows' gradients (per sample) contracted with the tangents.
-        counts, log_alpha = ctx.saved_tensors
+        counts, log_alpha = _primals(ctx.saved_tensors)
         ones = torch.ones(counts.shape[:-1], dtype=log_alpha.dtype, device=log_alpha.device)
         per_la, per_counts = _LogLikBackward.apply(
             ones, counts, log_alpha.expand(counts.shape).contiguous(), ctx.normalize,
@@ -363,9 +395,14 @@ class _ComponentsBackward(torch.autograd.Function):
 
     @staticmethod
     def jvp(ctx, t_grad, t_counts, t_la):
-        grad, counts, log_alpha = ctx.saved_tensors
         if t_counts is not None:
             raise second_derivatives.counts_error("log_lik_components")
+        with forward_ad_in_jvp():
+            return _ComponentsBackward._jvp(ctx, t_grad, t_la)
+
+    @staticmethod
+    def _jvp(ctx, t_grad, t_la):
+        grad, counts, log_alpha = _primals(ctx.saved_tensors)
         out = torch.zeros_like(log_alpha)
         if t_la is not None:
             out = out + _ComponentsSecond.apply(t_la, grad, counts, log_alpha, False, True)[1]
@@ -399,15 +436,24 @@ class _Components(torch.autograd.Function):
 
     @staticmethod
     def jvp(ctx, t_counts, t_la, _normalize):
-        counts, log_alpha = ctx.saved_tensors
         if t_counts is not None:
             raise NotImplementedError(
                 "dirmult: log_lik_components has no derivative with respect to counts")
-        # The derivative along w of the double backward's incoming gradient is
-        # the rows' gradients contracted with w: the jvp.
-        ones = torch.ones((counts.shape[0], log_alpha.shape[0]), dtype=log_alpha.dtype,
-                          device=log_alpha.device)
-        return _ComponentsSecond.apply(t_la, ones, counts, log_alpha, True, False)[0]
+        with forward_ad_in_jvp():
+            return _Components._jvp(ctx, t_la)
+
+    @staticmethod
+    def _jvp(ctx, t_la):
+        # Each (row, component)'s gradient contracted with the component's
+        # tangent; through log_lik's backward (per sample, (B, K, V)), which
+        # is differentiable again, so that second derivatives by jvp compose.
+        counts, log_alpha = _primals(ctx.saved_tensors)
+        (B, V), K = counts.shape, log_alpha.shape[0]
+        ones = torch.ones((B, K), dtype=log_alpha.dtype, device=log_alpha.device)
+        per_sample, _ = _LogLikBackward.apply(
+            ones, counts[:, None].expand(B, K, V).contiguous(),
+            log_alpha[None].expand(B, K, V).contiguous(), False, False)
+        return (per_sample * t_la).sum(-1)
 
 
 def _regression_log_alpha(X, W, bias):
@@ -450,11 +496,16 @@ class _Regression(torch.autograd.Function):
 
     @staticmethod
     def jvp(ctx, t_counts, t_X, t_W, t_bias, _normalize):
-        counts, X, W, *rest = ctx.saved_tensors
-        bias = rest[0] if ctx.has_bias else None
         if t_counts is not None:
             raise NotImplementedError(
                 "dirmult: log_lik_regression has no derivative with respect to counts")
+        with forward_ad_in_jvp():
+            return _Regression._jvp(ctx, t_X, t_W, t_bias)
+
+    @staticmethod
+    def _jvp(ctx, t_X, t_W, t_bias):
+        counts, X, W, *rest = _primals(ctx.saved_tensors)
+        bias = rest[0] if ctx.has_bias else None
         t_la = torch.zeros((), dtype=X.dtype, device=X.device)
         if t_X is not None:
             t_la = t_la + t_X @ W
@@ -468,14 +519,120 @@ class _Regression(torch.autograd.Function):
         return (per_row * t_la).sum(-1)
 
 
-def _csr_second_error():
-    return NotImplementedError(
-        "dirmult: second derivatives of the log-likelihood of sparse counts are not "
-        "supported; pass the counts dense (counts.to_dense()) to differentiate twice")
+class _Dadpoch(_SecondDerivative):
+    """dadpoch(a, n) = d adpoch / d log a (tpoch_terms' second term): the
+    derivative of :class:`_Adpoch`; none of its own."""
+
+    @staticmethod
+    def forward(log_a, n):
+        return _elementwise(lambda a, x: ops.tpoch_terms(a, x)[1], log_a, n)
+
+
+class _Adpoch(torch.autograd.Function):
+    """adpoch(a, n) = a (psi(a + n) - psi(a)) (poch_terms' second term), a
+    function of log a, differentiable once more (dadpoch)."""
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(log_a, n):
+        return _elementwise(lambda a, x: ops.poch_terms(a, x)[1], log_a, n)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.set_materialize_grads(False)  # (tangents of non-dual inputs arrive as None)
+        ctx.save_for_backward(*inputs)
+        ctx.save_for_forward(*inputs)
+
+    @staticmethod
+    def backward(ctx, g):
+        log_a, n = ctx.saved_tensors
+        if ctx.needs_input_grad[1]:
+            raise _csr_values_error()
+        return None if g is None else g * _Dadpoch.apply(log_a, n), None
+
+    @staticmethod
+    def jvp(ctx, t_log_a, t_n):
+        if t_n is not None:
+            raise _csr_values_error()
+        with forward_ad_in_jvp():
+            log_a, n = _primals(ctx.saved_tensors)
+            return t_log_a * _Dadpoch.apply(log_a, n)
+
+
+def _csr_values_error():
+    return NotImplementedError("dirmult: log_lik_csr has no derivative with respect to the "
+                               "counts' values (only the concentrations')")
+
+
+def _elementwise(fn, log_a, n):
+    log_a, n = torch.broadcast_tensors(log_a, n)
+    return fn(log_a.contiguous(), n.contiguous())
+
+
+def _rows_dot(row, col, x, B, log_alpha, t, adpoch):
+    """Each row's gradient of log_lik (with respect to log_alpha, (V,) or
+    (K, V)) contracted with t (log_alpha's shape): (B,) or (B, K). Over the
+    nonzeros j (row[j], col[j], x[j]): out[b] = sum_j adpoch(a[col_j], x_j)
+    t[col_j] - adpoch(A, N_b) sum_v a_v t_v / A."""
+    lead = tuple(log_alpha.shape[:-1])
+    per_nz = adpoch(log_alpha[..., col], x) * t[..., col]
+    by_row = per_nz.new_zeros(lead + (B,)).index_add(-1, row, per_nz)
+    N = x.new_zeros(B).index_add(0, row, x)
+    log_A = torch.logsumexp(log_alpha, -1, keepdim=True)
+    share = (log_alpha.exp() * t).sum(-1, keepdim=True) / log_A.exp()
+    out = by_row - adpoch(log_A, N) * share
+    return out.movedim(0, -1) if lead else out
+
+
+def _masked(g, terms):
+    # Rows whose incoming gradient is 0 do not enter, as in the dense double
+    # backward and the first-order kernels (their bad counts do not make it NaN).
+    return torch.where(g != 0, g * terms, torch.zeros((), dtype=terms.dtype,
+                                                      device=terms.device))
+
+
+def _csr_hessian_dot(grad, row, col, x, B, log_alpha, w):
+    """The gradient's (sum_b grad_b row b's gradient) derivative with
+    respect to log_alpha contracted with w (symmetric: the jvp and the vjp
+    alike), as log_lik's double backward (Note [Trigamma terms] in
+    .second_derivatives) over the nonzeros."""
+    g = grad if log_alpha.dim() == 1 else grad.t()  # (B,) or (K, B)
+    la_nz = log_alpha[..., col]
+    dad = _elementwise(lambda a, n: ops.tpoch_terms(a, n)[1], la_nz, x)
+    lead = tuple(log_alpha.shape[:-1])
+    s1 = dad.new_zeros(lead + (log_alpha.shape[-1],)).index_add(-1, col,
+                                                                 _masked(g[..., row], dad))
+    N = x.new_zeros(B).index_add(0, row, x)
+    log_A = torch.logsumexp(log_alpha, -1, keepdim=True)
+    a2t_row, dad_row = _elementwise(ops.tpoch_terms, log_A, N)
+    r1 = _masked(g, dad_row).sum(-1, keepdim=True)
+    r2 = _masked(g, a2t_row).sum(-1, keepdim=True)
+    a, A = log_alpha.exp(), log_A.exp()
+    c = (a * w).sum(-1, keepdim=True) / A
+    return w * s1 - (a / A) * (w * r1 + (c - w) * r2)
+
+
+def _adpoch_op(log_a, n):
+    return _elementwise(lambda a, x: ops.poch_terms(a, x)[1], log_a, n)
+
+
+class _CsrSecond(_SecondDerivative):
+    """log_lik_csr_backward's derivatives as one function of (w, grad,
+    crow, values, csc parts, log_alpha): (d_grad, d_log_alpha)."""
+
+    @staticmethod
+    def forward(w, grad, crow, ptr, rows, csc_values, log_alpha):
+        B, nnz = crow.shape[0] - 1, rows.shape[0]
+        col = row_of_nonzero(ptr, nnz)  # (the column of each column-sorted nonzero)
+        x = csc_values.to(log_alpha.dtype)
+        d_grad = _rows_dot(rows, col, x, B, log_alpha, w, _adpoch_op)
+        d_la = _csr_hessian_dot(grad, rows, col, x, B, log_alpha, w)
+        return d_grad, d_la
 
 
 class _CsrBackward(torch.autograd.Function):
-    """dirmult::log_lik_csr_backward; no derivative (see _csr_second_error)."""
+    """dirmult::log_lik_csr_backward, differentiable once more with respect
+    to the incoming gradient and log_alpha (a third derivative raises)."""
     generate_vmap_rule = True
 
     @staticmethod
@@ -485,15 +642,36 @@ class _CsrBackward(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        pass
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(*inputs)
+        ctx.save_for_forward(*inputs)
 
     @staticmethod
-    def backward(ctx, *grads):
-        raise _csr_second_error()
+    def backward(ctx, w):
+        grad, crow, values, ptr, rows, csc_values, log_alpha = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        if need[2] or need[5]:
+            raise _csr_values_error()
+        if w is None or not (need[0] or need[6]):
+            return (None,) * 7
+        d_grad, d_la = _CsrSecond.apply(w, grad, crow, ptr, rows, csc_values, log_alpha)
+        return (d_grad if need[0] else None, None, None, None, None, None,
+                d_la if need[6] else None)
 
     @staticmethod
-    def jvp(ctx, *tangents):
-        raise _csr_second_error()
+    def jvp(ctx, t_grad, _t_crow, t_values, _t_ptr, _t_rows, t_csc_values, t_la):
+        if t_values is not None or t_csc_values is not None:
+            raise _csr_values_error()
+        with forward_ad_in_jvp():
+            grad, crow, values, ptr, rows, csc_values, log_alpha = _primals(ctx.saved_tensors)
+            out = torch.zeros_like(log_alpha)
+            if t_la is not None:
+                out = out + _CsrSecond.apply(t_la, grad, crow, ptr, rows, csc_values,
+                                             log_alpha)[1]
+            if t_grad is not None:
+                out = out + _CsrBackward.apply(t_grad, crow, values, ptr, rows, csc_values,
+                                               log_alpha)
+            return out
 
 
 class _Csr(torch.autograd.Function):
@@ -508,42 +686,30 @@ class _Csr(torch.autograd.Function):
     def setup_context(ctx, inputs, output):
         ctx.set_materialize_grads(False)  # (tangents of non-dual inputs arrive as None)
         crow, col, values, log_alpha, normalize, ptr, rows, csc_values = inputs
-        ctx.save_for_backward(crow, values, log_alpha, ptr, rows, csc_values)
-        ctx.save_for_forward(crow, col, values, log_alpha)
+        # (The same tensors for both: a generated vmap rule keeps one record
+        # of the saved tensors' batch dimensions, the last saved.)
+        saved = (crow, col, values, log_alpha, ptr, rows, csc_values)
+        ctx.save_for_backward(*saved)
+        ctx.save_for_forward(*saved)
 
     @staticmethod
     def backward(ctx, grad):
-        crow, values, log_alpha, ptr, rows, csc_values = ctx.saved_tensors
+        crow, _, values, log_alpha, ptr, rows, csc_values = ctx.saved_tensors
         if ctx.needs_input_grad[2]:
-            raise NotImplementedError("dirmult: log_lik_csr has no gradient with respect to "
-                                      "the counts' values (only the concentrations')")
+            raise _csr_values_error()
         return (None, None, None, _CsrBackward.apply(grad, crow, values, ptr, rows, csc_values,
                                                      log_alpha), None, None, None, None)
 
     @staticmethod
     def jvp(ctx, t_crow, t_col, t_values, t_la, _normalize, _ptr, _rows, _csc_values):
-        # Over the nonzeros: out[b] = sum_j lnpoch(a[col_j], val_j) - lnpoch(A, N_b), so
-        # d out[b] = sum_j adpoch(a[col_j], val_j) t[col_j] - adpoch(A, N_b) sum_v a_v t_v / A.
-        crow, col, values, log_alpha = ctx.saved_tensors
         if t_values is not None:
-            raise NotImplementedError("dirmult: log_lik_csr has no derivative with respect to "
-                                      "the counts' values (only the concentrations')")
-        x = values.to(log_alpha.dtype)
-        B = crow.shape[0] - 1
-        row = torch.searchsorted(crow, torch.arange(col.shape[0], dtype=crow.dtype,
-                                                    device=crow.device), right=True) - 1
-        la_nz = log_alpha[..., col]
-        _, adp = ops.poch_terms(la_nz.contiguous(), x.expand(la_nz.shape).contiguous())
-        per_nz = adp * t_la[..., col]
-        lead = tuple(log_alpha.shape[:-1])
-        by_row = per_nz.new_zeros(lead + (B,)).index_add(-1, row, per_nz)
-        N = x.new_zeros(B).index_add(0, row, x)
-        log_A = torch.logsumexp(log_alpha, -1, keepdim=True)
-        log_A_rows, N_rows = torch.broadcast_tensors(log_A, N)
-        _, adp_row = ops.poch_terms(log_A_rows.contiguous(), N_rows.contiguous())
-        share = (log_alpha.exp() * t_la).sum(-1, keepdim=True) / log_A.exp()
-        out = by_row - adp_row * share
-        return out.movedim(0, -1) if lead else out
+            raise _csr_values_error()
+        with forward_ad_in_jvp():
+            crow, col, values, log_alpha = _primals(ctx.saved_tensors[:4])
+            B = crow.shape[0] - 1
+            # Through _Adpoch: differentiable again (second derivatives by jvp).
+            return _rows_dot(row_of_nonzero(crow, col.shape[0]), col,
+                             values.to(log_alpha.dtype), B, log_alpha, t_la, _Adpoch.apply)
 
 
 # ------------------------------------------------------------ entry points
