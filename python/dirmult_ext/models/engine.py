@@ -219,18 +219,14 @@ class Rows:
         return out
 
     def totals(self, Nb: Tensor, bi: int):
-        """The rows of batch ``bi`` grouped by distinct total: (M, N) with
-        ``N`` (T,) float64 the distinct totals and ``M`` the (T, b) 0/1 CSR
-        matrix of the rows holding each, so that ``M @ w`` sums row weights
-        per total. Cached unless streaming."""
+        """The distinct row totals of batch ``bi``: (N (T,) float64 sorted,
+        inverse (b,) int64 with ``N[inverse] == Nb``), so that the terms of
+        dpoch(A, N) cost T special functions instead of b. Cached unless
+        streaming."""
         hit = self._totals.get(bi)
         if hit is not None:
             return hit
-        sN, perm = torch.sort(Nb, stable=True)
-        uN, cnt = torch.unique_consecutive(sN, return_counts=True)
-        crow = torch.zeros(uN.shape[0] + 1, dtype=torch.int64, device=Nb.device)
-        crow[1:] = cnt.cumsum(0)
-        out = (_ones_csr(crow, perm, (uN.shape[0], Nb.shape[0])), uN)
+        out = torch.unique(Nb, sorted=True, return_inverse=True)
         if self.batch_size >= self.B:
             self._totals[bi] = out
         return out
@@ -375,7 +371,7 @@ def row_stats(rows: Rows, eta: Tensor, comps: Optional[Tensor], hessian: bool,
     The counts are read once per batch, by the forward op (L); the rest is
     Note [Weighted histograms]: G and Q from the weighted histograms of the
     distinct (column, count) pairs (:meth:`Rows.pairs`), D and Z from the
-    weights grouped by distinct row total (:meth:`Rows.totals`), each term
+    row totals' terms evaluated once per distinct total (:meth:`Rows.totals`), each term
     a float64 ``poch_terms`` / ``tpoch_terms`` value (math.h's dpoch and
     tpoch, accurate where the digamma and trigamma differences cancel)."""
     k, V = eta.shape
@@ -399,22 +395,25 @@ def row_stats(rows: Rows, eta: Tensor, comps: Optional[Tensor], hessian: bool,
         if reweight is not None:
             wb = reweight(bi * rows.batch_size, ll, wb)
         L += (ll * wb).sum(0)
-        MN, uN = rows.totals(Nb, bi)
+        uN, inv = rows.totals(Nb, bi)
         T = uN.shape[0]
-        wN = _spmm(MN, wb)                                            # (T, k)
         la, n = logA.expand(T, k).contiguous(), uN.unsqueeze(-1).expand(T, k).contiguous()
-        D += (wN * torch.ops.dirmult.poch_terms(la, n)[1]).sum(0)
+        D += (wb * torch.ops.dirmult.poch_terms(la, n)[1][inv]).sum(0)
         if hessian:
-            Z += (wN * torch.ops.dirmult.tpoch_terms(la, n)[0]).sum(0)
+            Z += (wb * torch.ops.dirmult.tpoch_terms(la, n)[0][inv]).sum(0)
         pr = rows.pairs(cb, bi)
         U = pr.col.shape[0]
         if U == 0:
             continue
         wp = _spmm(pr.M, wb)                      # (U, k) weighted (column, count) histograms
         la, n = etaT[pr.col], pr.cnt.unsqueeze(-1).expand(U, k).contiguous()
-        G += _spmm(pr.P, wp * torch.ops.dirmult.poch_terms(la, n)[1]).T
+        terms = wp * torch.ops.dirmult.poch_terms(la, n)[1]
+        if hessian:                               # one sum per column for both
+            terms = torch.cat([terms, wp * torch.ops.dirmult.tpoch_terms(la, n)[0]], 1)
+        per_col = _spmm(pr.P, terms).T            # (k or 2k, V)
+        G += per_col[:k]
         if hessian:
-            Q += _spmm(pr.P, wp * torch.ops.dirmult.tpoch_terms(la, n)[0]).T
+            Q += per_col[k:]
     parts = [L, G.flatten(), D] + ([Q.flatten(), Z] if hessian else [])
     flat = reduce(torch.cat(parts))
     L, G, D = flat[:k], flat[k:k + k * V].view(k, V), flat[k + k * V:2 * k + k * V]
