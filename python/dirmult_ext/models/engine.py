@@ -29,11 +29,22 @@ Polya distribution):
   negative definite and the step increases L; otherwise the step is halved
   (at most 3 times) and then the fixed-point step is taken instead.
 
-Sufficient statistics per pass over the rows: L and the gradient come from
-the fused op (``torch.autograd.grad`` of the weighted ``log_lik`` sum with
-respect to log_alpha, which equals alpha * g); q and z from plain torch
-trigamma in float64 over the nonzero counts. With ``batch_size`` the rows
-are visited in batches (each moved to the device on its own), so a counts
+Sufficient statistics per pass over the rows, which reads the counts once
+(Note [Weighted histograms] in docs/ARCHITECTURE.md): per batch the forward
+op gives the (b, k) log-likelihoods ll (the mixture's E-step turns them into
+the weights), L = sum_b w_b ll_b; the weights summed per distinct (column,
+count) pair p, W_p = sum_{b: n_bv = c_p} w_b (one sparse matmul over the
+nonzeros, :meth:`Rows.pairs`), give
+
+    alpha_v g_v = sum_{p in column v} W_p adpoch(alpha_v, c_p) - alpha_v D
+    q_v         = sum_{p in column v} W_p tpoch(alpha_v, c_p)
+
+and the weights with the terms of each distinct row total give D = sum_b
+w_b dpoch(A, N_b) and z = -sum_b w_b tpoch(A, N_b); every term is math.h's
+float64 adpoch / a^2 tpoch (``dirmult::poch_terms`` / ``tpoch_terms``),
+accurate where psi(a + n) - psi(a) cancels. No autograd backward. With
+``batch_size`` the rows are visited in batches (each moved to the device on
+its own; the pairs are then grouped per batch and each pass), so a counts
 tensor larger than device memory can stay on the CPU; from host memory to
 CUDA each batch goes through a pinned staging buffer, copied while the
 previous batch is computed on (:mod:`dirmult_ext.data.row_stream`, Note [Row
@@ -368,12 +379,10 @@ def row_stats(rows: Rows, eta: Tensor, comps: Optional[Tensor], hessian: bool,
     and returns the weights to use instead (the fused E-step of the mixture
     EM).
 
-    The counts are read once per batch, by the forward op (L); the rest is
-    Note [Weighted histograms]: G and Q from the weighted histograms of the
-    distinct (column, count) pairs (:meth:`Rows.pairs`), D and Z from the
-    row totals' terms evaluated once per distinct total (:meth:`Rows.totals`), each term
-    a float64 ``poch_terms`` / ``tpoch_terms`` value (math.h's dpoch and
-    tpoch, accurate where the digamma and trigamma differences cancel)."""
+    The counts are read once per batch, by the forward op (L); G and Q come
+    from the weighted histograms of the distinct (column, count) pairs
+    (:meth:`Rows.pairs`), D and Z from the terms of each distinct row total
+    (:meth:`Rows.totals`): the module docstring, Note [Weighted histograms]."""
     k, V = eta.shape
     dev = eta.device
     eta = eta.detach()
