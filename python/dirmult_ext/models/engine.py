@@ -29,11 +29,22 @@ Polya distribution):
   negative definite and the step increases L; otherwise the step is halved
   (at most 3 times) and then the fixed-point step is taken instead.
 
-Sufficient statistics per pass over the rows: L and the gradient come from
-the fused op (``torch.autograd.grad`` of the weighted ``log_lik`` sum with
-respect to log_alpha, which equals alpha * g); q and z from plain torch
-trigamma in float64 over the nonzero counts. With ``batch_size`` the rows
-are visited in batches (each moved to the device on its own), so a counts
+Sufficient statistics per pass over the rows, which reads the counts once
+(Note [Weighted histograms] in docs/ARCHITECTURE.md): per batch the forward
+op gives the (b, k) log-likelihoods ll (the mixture's E-step turns them into
+the weights), L = sum_b w_b ll_b; the weights summed per distinct (column,
+count) pair p, W_p = sum_{b: n_bv = c_p} w_b (one sparse matmul over the
+nonzeros, :meth:`Rows.pairs`), give
+
+    alpha_v g_v = sum_{p in column v} W_p adpoch(alpha_v, c_p) - alpha_v D
+    q_v         = sum_{p in column v} W_p tpoch(alpha_v, c_p)
+
+and the weights with the terms of each distinct row total give D = sum_b
+w_b dpoch(A, N_b) and z = -sum_b w_b tpoch(A, N_b); every term is math.h's
+float64 adpoch / a^2 tpoch (``dirmult::poch_terms`` / ``tpoch_terms``),
+accurate where psi(a + n) - psi(a) cancels. No autograd backward. With
+``batch_size`` the rows are visited in batches (each moved to the device on
+its own; the pairs are then grouped per batch and each pass), so a counts
 tensor larger than device memory can stay on the CPU; from host memory to
 CUDA each batch goes through a pinned staging buffer, copied while the
 previous batch is computed on (:mod:`dirmult_ext.data.row_stream`, Note [Row
@@ -60,7 +71,7 @@ import math
 import sys
 import warnings
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 import torch
 from torch import Tensor
@@ -74,7 +85,7 @@ from ..data.sparse_counts import SparseCounts
 from ..likelihood.sparse_stats import fit_moments
 from .progress import progress_bar
 
-__all__ = ["Rows", "Pre", "Stats", "Reducer", "identity", "as_weights",
+__all__ = ["Rows", "Pairs", "Pre", "Stats", "Reducer", "identity", "as_weights",
            "resolve_device", "prepass", "row_stats", "moment_init", "newton_step",
            "fixed_point_step", "optimize", "init_eta", "check_common", "default_progress",
            "MAX_ALPHA", "HALVINGS", "component_log_lik"]
@@ -120,6 +131,34 @@ def as_weights(weights, B: int, device, name: str = "weights") -> Optional[Tenso
 # ---------------------------------------------------------------------------
 # row source and sufficient statistics
 # ---------------------------------------------------------------------------
+class Pairs(NamedTuple):
+    """The distinct (column, count) pairs of a batch's nonzeros, sorted by
+    column then count: ``col`` (U,) int64 and ``cnt`` (U,) float64 of each
+    pair; ``M`` the (U, b) 0/1 CSR matrix of which rows hold each pair (``M
+    @ w`` sums row weights per pair: the responsibility-weighted count
+    histograms); ``P`` the (V, U) 0/1 CSR matrix of each column's pairs
+    (``P @ x`` sums per-pair terms per column)."""
+    M: Tensor
+    col: Tensor
+    cnt: Tensor
+    P: Tensor
+
+
+def _ones_csr(crow: Tensor, cols: Tensor, shape) -> Tensor:
+    """A float64 CSR matrix of ones; its matmul with a dense matrix sums in
+    an order fixed by the layout (no atomics on the CPU)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")       # torch's beta warning for sparse CSR
+        ones = torch.ones(cols.shape[0], dtype=torch.float64, device=cols.device)
+        return torch.sparse_csr_tensor(crow, cols, ones, shape, check_invariants=False)
+
+
+def _spmm(m: Tensor, x: Tensor) -> Tensor:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return m @ x
+
+
 class Rows:
     """The rows of a (B, V) counts matrix with (B, K) float64 row weights,
     visited in batches on ``device``. ``weights=None`` means one weight
@@ -149,18 +188,17 @@ class Rows:
         self.N: Optional[Tensor] = None          # (B,) float64 row totals, set by prepass
         self.c: Optional[Tensor] = None          # (B,) float64 log N! - sum log n!, idem
         self._pairs = {}
+        self._totals = {}
 
     def set_weights(self, weights: Tensor) -> None:
         self.weights = weights.to(self.device, torch.float64)
         self.K = weights.shape[1]
 
-    def pairs(self, cb: Tensor, bi: int):
+    def pairs(self, cb: Tensor, bi: int) -> "Pairs":
         """The nonzeros of batch ``bi`` (``cb``) grouped by distinct
-        (column, count) pair: returns (M, col, cnt) with ``col``/``cnt`` (U,)
-        the column (int64) and count (float64) of each pair and ``M`` the
-        (U, b) sparse CSR 0/1 matrix of which rows hold each pair, so that
-        ``M @ w`` sums row weights per pair. Trigamma sums then cost O(U)
-        special functions instead of O(nnz). Cached unless streaming."""
+        (column, count) pair, in column order (:class:`Pairs`), so that the
+        statistics' special functions cost O(U) instead of O(nnz). Cached
+        unless streaming."""
         hit = self._pairs.get(bi)
         if hit is not None:
             return hit
@@ -170,25 +208,38 @@ class Rows:
             r, c = cb.nonzero(as_tuple=True)             # row-major order
             n = cb[r, c].to(torch.float64)
         V = cb.shape[1]
-        if bool((n == n.floor()).all()) and (n.numel() == 0 or float(n.max()) < 2.0 ** 40):
-            key = n.to(torch.int64) * V + c               # one int per (column, count)
+        top = float(n.max()) + 1.0 if n.numel() else 1.0
+        if bool((n == n.floor()).all()) and top * V < 2.0 ** 62:
+            # one int per (column, count), column-major: each column's pairs adjacent
+            key = c * int(top) + n.to(torch.int64)
             skey, perm = torch.sort(key, stable=True)
             ukey, cnt = torch.unique_consecutive(skey, return_counts=True)
-            pcol, pcnt = ukey % V, (ukey // V).to(torch.float64)
-            cols = r[perm]
+            pcol, pcnt = ukey // int(top), (ukey % int(top)).to(torch.float64)
+            rows = r[perm]
         else:                                             # non-integer counts: no grouping
-            pcol, pcnt, cnt, cols = c, n, torch.ones_like(c), r
+            perm = torch.sort(c, stable=True)[1]
+            pcol, pcnt, cnt, rows = c[perm], n[perm], torch.ones_like(c), r[perm]
         U = pcol.shape[0]
         crow = torch.zeros(U + 1, dtype=torch.int64, device=cb.device)
         crow[1:] = cnt.cumsum(0)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            ones = torch.ones(cols.shape[0], dtype=torch.float64, device=cb.device)
-            M = torch.sparse_csr_tensor(crow, cols, ones, (U, cb.shape[0]),
-                                        check_invariants=False)
-        out = (M, pcol, pcnt)
+        ccol = torch.searchsorted(pcol, torch.arange(V + 1, device=cb.device))
+        out = Pairs(_ones_csr(crow, rows, (U, cb.shape[0])), pcol, pcnt,
+                    _ones_csr(ccol, torch.arange(U, device=cb.device), (V, U)))
         if self.batch_size >= self.B:
             self._pairs[bi] = out
+        return out
+
+    def totals(self, Nb: Tensor, bi: int):
+        """The distinct row totals of batch ``bi``: (N (T,) float64 sorted,
+        inverse (b,) int64 with ``N[inverse] == Nb``), so that the terms of
+        dpoch(A, N) cost T special functions instead of b. Cached unless
+        streaming."""
+        hit = self._totals.get(bi)
+        if hit is not None:
+            return hit
+        out = torch.unique(Nb, sorted=True, return_inverse=True)
+        if self.batch_size >= self.B:
+            self._totals[bi] = out
         return out
 
     def count_batches(self, batch_size: Optional[int] = None):
@@ -324,60 +375,64 @@ def row_stats(rows: Rows, eta: Tensor, comps: Optional[Tensor], hessian: bool,
     weight columns ``comps`` (all when None); reduced with ``reduce``.
 
     ``reweight(start, ll, wb)``, if given, is called per batch with the
-    batch's first row index, its detached (b, k) log-likelihoods and stored
-    weights, and returns the weights to use instead (the fused E-step of
-    the mixture EM)."""
+    batch's first row index, its (b, k) log-likelihoods and stored weights,
+    and returns the weights to use instead (the fused E-step of the mixture
+    EM).
+
+    The counts are read once per batch, by the forward op (L); G and Q come
+    from the weighted histograms of the distinct (column, count) pairs
+    (:meth:`Rows.pairs`), D and Z from the terms of each distinct row total
+    (:meth:`Rows.totals`): the module docstring, Note [Weighted histograms]."""
     k, V = eta.shape
     dev = eta.device
     eta = eta.detach()
     alpha = eta.exp()
     A = alpha.sum(-1)
+    logA = A.log()
     L = torch.zeros(k, dtype=torch.float64, device=dev)
-    G = torch.zeros(k, V, dtype=torch.float64, device=dev)
-    D = L.clone()
-    Q = G.clone() if hessian else None
-    Z = L.clone() if hessian else None
-    psiA = torch.digamma(A)
-    psi1A = torch.polygamma(1, A)
-    # One component with unit weights: the gradient of the plain sum, which
-    # log_lik's single pass computes with the forward (one read of the
-    # counts). Other weights: the registered op, whose forward does not
-    # compute that gradient (it would go unused).
-    unit = k == 1 and rows.weights is None and reweight is None
+    G = torch.zeros(k, V, dtype=torch.float64, device=dev)   # sum_p W_p adpoch(alpha, c_p)
+    D = L.clone()                                             # sum_b w_b adpoch(A, N_b)
+    Q = G.clone() if hessian else None                        # sum_p W_p a2tpoch(alpha, c_p)
+    Z = L.clone() if hessian else None                        # sum_b w_b a2tpoch(A, N_b)
+    etaT = eta.T.contiguous()                                 # (V, k)
     for bi, (cb, wb, Nb) in enumerate(rows.batches(comps)):
-        e = eta.clone().requires_grad_(True)
-        with torch.enable_grad():
+        with torch.no_grad():
             if k == 1:
-                ll = (log_lik(cb, e[0]) if unit or isinstance(cb, SparseCounts)
-                      else torch.ops.dirmult.log_lik(cb, e[0], False)).unsqueeze(-1)
+                ll = log_lik(cb, eta[0]).unsqueeze(-1)
             else:
-                ll = log_lik_components(cb, e)                        # (b, k)
-            if reweight is not None:
-                wb = reweight(bi * rows.batch_size, ll.detach(), wb)
-            tot = ll.sum(0) if unit else (ll * wb).sum(0)
-            (g,) = torch.autograd.grad(tot.sum(), e)
-        L += tot.detach()
-        G += g
-        NA = Nb.unsqueeze(-1) + A                                     # (b, k)
-        D += (wb * (torch.digamma(NA) - psiA)).sum(0)
+                ll = log_lik_components(cb, eta)                      # (b, k)
+        if reweight is not None:
+            wb = reweight(bi * rows.batch_size, ll, wb)
+        L += (ll * wb).sum(0)
+        uN, inv = rows.totals(Nb, bi)
+        T = uN.shape[0]
+        la, n = logA.expand(T, k).contiguous(), uN.unsqueeze(-1).expand(T, k).contiguous()
+        D += (wb * torch.ops.dirmult.poch_terms(la, n)[1][inv]).sum(0)
         if hessian:
-            Z += (wb * (psi1A - torch.polygamma(1, NA))).sum(0)
-            M, pv, pn = rows.pairs(cb, bi)
-            if pv.numel() == 0:
-                continue
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                wp = (M @ wb).T          # (k, U) weight of each (column, count) pair
-            a = alpha[:, pv]                                          # (k, U)
-            Q.index_add_(1, pv, wp * (torch.polygamma(1, pn + a) - torch.polygamma(1, a)))
+            Z += (wb * torch.ops.dirmult.tpoch_terms(la, n)[0][inv]).sum(0)
+        pr = rows.pairs(cb, bi)
+        U = pr.col.shape[0]
+        if U == 0:
+            continue
+        wp = _spmm(pr.M, wb)                      # (U, k) weighted (column, count) histograms
+        la, n = etaT[pr.col], pr.cnt.unsqueeze(-1).expand(U, k).contiguous()
+        terms = wp * torch.ops.dirmult.poch_terms(la, n)[1]
+        if hessian:                               # one sum per column for both
+            terms = torch.cat([terms, wp * torch.ops.dirmult.tpoch_terms(la, n)[0]], 1)
+        per_col = _spmm(pr.P, terms).T            # (k or 2k, V)
+        G += per_col[:k]
+        if hessian:
+            Q += per_col[k:]
     parts = [L, G.flatten(), D] + ([Q.flatten(), Z] if hessian else [])
     flat = reduce(torch.cat(parts))
     L, G, D = flat[:k], flat[k:k + k * V].view(k, V), flat[k + k * V:2 * k + k * V]
+    # adpoch and a2tpoch carry factors alpha and alpha^2 (A and A^2 for the totals)
+    D = D / A
+    G = G - alpha * D.unsqueeze(-1)
     if hessian:
         o = 2 * k + k * V
-        Q, Z = flat[o:o + k * V].view(k, V), flat[o + k * V:]
-    return Stats(L.clone(), G.clone(), None if Q is None else Q.clone(),
-                  None if Z is None else Z.clone(), D.clone())
+        Q, Z = flat[o:o + k * V].view(k, V) / (alpha * alpha), -flat[o + k * V:] / (A * A)
+    return Stats(L.clone(), G, Q, Z, D)
 
 
 # ---------------------------------------------------------------------------
