@@ -490,3 +490,19 @@ def test_sparse_shape_that_fails_is_reported_not_raised(monkeypatch):
     result = {"shapes": [], "failed": [], "sparse": out}
     assert any("csr_square" in p for p in report.sanity_problems(result))
     assert "n/a (OutOfMemoryError" in report.sparse_table(out, False)
+
+
+def test_bench_em_iteration():
+    out = _run_json(["--quick", "--device", "cpu", "--no-compile", "--no-numpyro", "--quiet",
+                     "--em", "3"])
+    assert out["shapes"] == [] and not out["failed"]
+    em = out["em"]
+    assert (em["K"], em["iters"]) == (3, 10) and em["nnz"] > 0
+    assert em["on_device"]["n_iter"] == em["iters"]
+    fwd = em["times"]["estep_fwd_f64"]["median_us"]
+    assert _positive_finite(fwd) and _positive_finite(em["on_device"]["iter_us"])
+    assert em["ratio_iter_estep"] == pytest.approx(em["on_device"]["iter_us"] / fwd)
+    assert "streamed" not in em                  # (the pinned-memory stream is CUDA's)
+    target = {t["id"]: t for t in out["targets"]}
+    assert target["em_iter_vs_estep"]["value"] == pytest.approx(em["ratio_iter_estep"])
+    assert target["em_streamed_vs_copy"]["missing"] == "streamed on CUDA only"

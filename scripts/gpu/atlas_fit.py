@@ -27,7 +27,6 @@ import argparse
 import json
 import os
 import resource
-import statistics
 import sys
 import time
 
@@ -126,31 +125,6 @@ def make_matrix(rows, cols, k, precision, tmin, tmax, chunk, seed):
     return indptr, indices[:nnz], values[:nnz], nnz
 
 
-def copy_seconds(indptr, indices, values, batch_rows: int) -> float:
-    """Seconds to copy the CSR parts to the device a block of rows at a
-    time (into two alternating device buffers), CUDA events, median of 3."""
-    rows = indptr.numel() - 1
-    bounds = [(s, min(s + batch_rows, rows)) for s in range(0, rows, batch_rows)]
-    most = max(int(indptr[e] - indptr[s]) for s, e in bounds)
-    bufs = [(torch.empty(batch_rows + 1, dtype=torch.int64, device="cuda"),
-             torch.empty(most, dtype=torch.int32, device="cuda"),
-             torch.empty(most, dtype=torch.float32, device="cuda")) for _ in range(2)]
-    times = []
-    for _ in range(3):
-        t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        t0.record()
-        for i, (s, e) in enumerate(bounds):
-            a, b = int(indptr[s]), int(indptr[e])
-            ip, ix, v = bufs[i % 2]
-            ip[:e - s + 1].copy_(indptr[s:e + 1], non_blocking=True)
-            ix[:b - a].copy_(indices[a:b], non_blocking=True)
-            v[:b - a].copy_(values[a:b], non_blocking=True)
-        t1.record()
-        t1.synchronize()
-        times.append(t0.elapsed_time(t1) / 1e3)
-    return statistics.median(times)
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rows", type=int, default=10_000_000)
@@ -167,6 +141,7 @@ def main(argv=None) -> int:
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
     from dirmult_ext import SparseCounts, fit_mixture
+    from dirmult_ext.cli.bench.em_cases import copy_seconds
 
     torch.zeros(1, device="cuda")
     rss0 = _rss_now()
@@ -178,7 +153,7 @@ def main(argv=None) -> int:
     rss_matrix = _rss_now()
     print(f"matrix: {a.rows:,} x {a.cols:,}, {nnz:,} nonzeros, {csr_bytes / 1e9:.2f} GB "
           f"as CSR (host memory, pinned: {values.is_pinned()}), generated in {gen_s:.1f} s", flush=True)
-    copy_s = copy_seconds(indptr, indices, values, a.batch_rows)
+    copy_s = copy_seconds(indptr, [indices, values], a.batch_rows)
     print(f"copy of the CSR bytes to the device in {a.batch_rows:,}-row blocks: "
           f"{copy_s:.3f} s ({csr_bytes / copy_s / 1e9:.1f} GB/s)", flush=True)
     counts = SparseCounts(indptr, indices, values, (a.rows, a.cols), validate=False)

@@ -21,7 +21,7 @@ from .timing import Timer
 
 # ------------------------------------------------------------------ targets
 def evaluate_targets(rows: Dict[str, dict], small: Optional[dict], device: torch.device,
-                     sparse: Optional[List[dict]] = None) -> list:
+                     sparse: Optional[List[dict]] = None, em: Optional[dict] = None) -> list:
     """The performance targets, each with its value in this run. ``applies_to``
     says on which device a target is defined; on the other device it is
     shown for information, not judged."""
@@ -84,6 +84,13 @@ def evaluate_targets(rows: Dict[str, dict], small: Optional[dict], device: torch
     add("sparse_components_vs_single_csr_tall",
         f"CSR K={K} components forward at most 6x the single-component forward at csr_tall",
         None if comp is None else comp.get("ratio_vs_single"), 6.0, missing=why)
+    em_why = "run with --em" if em is None else ""
+    add("em_iter_vs_estep", "EM iteration at most 2.5x its E-step's forward, matrix on the device",
+        None if em is None else em.get("ratio_iter_estep"), 2.5, missing=em_why)
+    add("em_streamed_vs_copy",
+        "streamed EM iteration at most max(1.5x the copy of the CSR bytes, the on-device one)",
+        None if em is None else em.get("ratio_streamed_target"), 1.0,
+        missing=em_why or "streamed on CUDA only")
     return out
 
 
@@ -273,6 +280,25 @@ TIMING_TEXT = {
 }
 
 
+def em_table(em: dict, markdown: bool) -> str:
+    """One line per way of holding the matrix: us per EM iteration and its
+    ratio to the E-step's forward (float64, as the fit computes it) and to
+    the copy of the CSR bytes."""
+    fwd = median(em["times"]["estep_fwd_f64"])
+    body = [["on the device", fmt_us(em["on_device"]["iter_us"]), fmt_us(fwd),
+             fmt_ratio(em["ratio_iter_estep"]), "", ""]]
+    if "streamed" in em:
+        body.append([f"streamed, {em['stream_batch_rows']}-row blocks",
+                     fmt_us(em["streamed"]["iter_us"]), fmt_us(fwd),
+                     fmt_ratio(em["streamed"]["iter_us"] / fwd), fmt_us(em["copy_us"]),
+                     fmt_ratio(em["ratio_streamed_copy"])])
+    header = ["EM iteration", "us", "E-step fwd (f64)", "x E-step", "copy", "x copy"]
+    title = (f"EM, K={em['K']}, {em['B']}x{em['V']} at {em['density']:g} "
+             f"({em['nnz']} nonzeros); E-step fwd float32 "
+             f"{fmt_us(median(em['times']['estep_fwd_f32']))} us")
+    return title + "\n" + render_table(header, body, markdown)
+
+
 def timing_line(timer: dict) -> str:
     clock, mode = timer.get("clock"), timer.get("mode")
     if clock == "perf_counter":
@@ -308,7 +334,7 @@ def report(result: dict, markdown: bool) -> str:
                f"({cp['bytes_copied'] / 2**20:.0f} MiB dst.copy_(src), read+write counted); "
                "times in us, median per call")
     out.append(f"{b}{timing_line(result['timer'])}")
-    if result["shapes"] or not result.get("sparse"):
+    if result["shapes"] or not (result.get("sparse") or result.get("em")):
         out.append("")
         out.append(main_table(result["shapes"], markdown))
     for f in result["failed"]:
@@ -337,6 +363,17 @@ def report(result: dict, markdown: bool) -> str:
         notes += [f"sparse {r['name']}: dense {r['dense']}" for r in sparse
                   if str(r.get("dense", "")).startswith("skipped")]
         out.extend(f"{b}{n}" for n in notes)
+    em = result.get("em")
+    if em:
+        out.append("")
+        out.append(em_table(em, markdown))
+        if markdown:
+            out.append("")
+        out.append(f"{b}em: one K-component EM run from random responsibilities, "
+                   "DMMixture.iter_s (the fit's wall time per iteration, synchronized by its "
+                   "own convergence test); E-step fwd = log_lik_components on the same CSR; "
+                   "copy = the CSR bytes from pinned host memory to the device in the "
+                   "streamed blocks (CUDA events)")
     comp = result.get("components")
     if comp:
         out.append("")
