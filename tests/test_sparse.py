@@ -984,3 +984,22 @@ def test_row_blocks_and_blocked_host_sums(monkeypatch):
     assert torch.equal(whole_N, x.double().sum(-1))
     assert math.isclose(multinomial_log_lik(sc), whole_ll, rel_tol=1e-13)
     assert math.isclose(multinomial_log_lik(x), whole_ll, rel_tol=1e-12)
+
+
+def test_value_rows_equals_the_search_for_any_offsets():
+    from dirmult_ext.data.sparse_counts import value_rows
+    from dirmult_ext.ops.csr import row_of_nonzero
+    k = torch.randint(0, 4, (300,))
+    k[:3] = 0                                       # empty rows first, and elsewhere
+    crow = torch.zeros(301, dtype=torch.int64)
+    crow[1:] = k.cumsum(0)
+    nnz = int(crow[-1])
+    for c in (crow, crow.int()):
+        rows = value_rows(c, nnz)
+        assert rows.dtype == torch.int64
+        assert torch.equal(rows, row_of_nonzero(c, nnz).long())
+        assert torch.equal(rows, torch.repeat_interleave(torch.arange(300), k))
+    bad = crow.clone()
+    bad[100] = bad[101] + 2                          # decreasing offsets (unchecked input)
+    assert torch.equal(value_rows(bad, nnz), row_of_nonzero(bad, nnz))
+    assert torch.equal(value_rows(crow, nnz - 1), row_of_nonzero(crow, nnz - 1))

@@ -7,8 +7,7 @@ import torch
 from torch import Tensor
 
 from .log_lik import log_lik
-from ..data.sparse_counts import SparseCounts, csr_tensor, as_sparse_counts
-from ..ops.csr import row_of_nonzero
+from ..data.sparse_counts import SparseCounts, csr_tensor, as_sparse_counts, value_rows
 
 __all__ = ["fit_moments", "sq_distances", "sparse_log_prob"]
 
@@ -41,7 +40,7 @@ def sq_distances(x: Tensor, centers: Tensor) -> Tensor:
     dense centers (K, V): |x|^2 - 2 x . c + |c|^2, clamped at 0."""
     x2 = torch.zeros(x.shape[0], dtype=x.dtype, device=x.device)
     crow = x.crow_indices()
-    x2 = x2.index_add_(0, row_of_nonzero(crow, x.values().numel()), x.values() ** 2)
+    x2 = x2.index_add_(0, value_rows(crow, x.values().numel()), x.values() ** 2)
     cross = x @ centers.T
     return (x2.unsqueeze(-1) - 2 * cross + (centers * centers).sum(-1)).clamp_min(0)
 

@@ -8,7 +8,7 @@ Gradients: with respect to the concentrations only; the counts are data.
 from __future__ import annotations
 
 import weakref
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -29,13 +29,16 @@ def row_of_nonzero(crow: Tensor, nnz: int) -> Tensor:
     return torch.searchsorted(crow, positions, right=True) - 1
 
 
-def csc_parts(crow: Tensor, col: Tensor, values: Tensor, V: int) -> Tuple[Tensor, Tensor, Tensor]:
+def csc_parts(crow: Tensor, col: Tensor, values: Tensor, V: int,
+              rows: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor]:
     """The column-sorted copy of CSR parts: ``(csc_ptr (V + 1,), csc_rows
     (nnz,), csc_values (nnz,))``, indices in ``crow``'s dtype. A stable sort by
     column keeps each column's rows in increasing order, so the gradient's
     column sums have one order (Note [CSR gradient]). Torch ops only: it
-    traces under ``torch.compile`` with a dynamic number of nonzeros."""
-    rows = row_of_nonzero(crow, col.shape[0])
+    traces under ``torch.compile`` with a dynamic number of nonzeros.
+    ``rows``: the row of each value where the caller has it."""
+    if rows is None:
+        rows = row_of_nonzero(crow, col.shape[0])
     perm = torch.argsort(col, stable=True)
     sorted_col = col[perm]
     bounds = torch.arange(V + 1, dtype=col.dtype, device=col.device)
