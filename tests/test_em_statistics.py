@@ -247,3 +247,24 @@ def test_fit_mixture_with_prior_matches(monkeypatch):
               n_screen=1, max_iter=25, prior=GammaPrior(1.0, 1e-4))
     new, old = _fit_both(monkeypatch, x, **kw)
     _assert_same_fit(new, old)
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_prepass_reusing_row_totals_equals_a_fresh_one(sparse):
+    from dirmult_ext.models.engine import Rows, prepass
+    g = torch.Generator().manual_seed(int(torch.randint(0, 2 ** 31, (1,))))
+    x = torch.poisson(torch.rand(300, 40, generator=g) * 3, generator=g)
+    x[7] = 0                                                    # an empty row
+    counts = SparseCounts.from_dense(x) if sparse else x
+    R = torch.distributions.Dirichlet(torch.ones(3)).sample((300,)).double()
+    rows = Rows(counts, None, torch.device("cpu"), batch_size=64)
+    prepass(rows)                                               # sets rows.N, rows.c
+    rows.set_weights(R)
+    reused = prepass(rows, check=False)
+    fresh_rows = Rows(counts, R, torch.device("cpu"), batch_size=64)
+    fresh = prepass(fresh_rows)
+    for name in ("W", "C", "Wpos", "Sx", "Sx2", "Sinv"):
+        torch.testing.assert_close(getattr(reused, name), getattr(fresh, name),
+                                   rtol=1e-13, atol=0)
+    torch.testing.assert_close(rows.c, fresh_rows.c, rtol=0, atol=0)
+    torch.testing.assert_close(rows.N, x.double().sum(-1), rtol=0, atol=0)

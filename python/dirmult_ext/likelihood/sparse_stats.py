@@ -3,6 +3,8 @@ that fitting, the mixture's k-means++ seeding and the distribution read,
 computed from the nonzeros only."""
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 from torch import Tensor
 
@@ -12,15 +14,19 @@ from ..data.sparse_counts import SparseCounts, csr_tensor, as_sparse_counts, val
 __all__ = ["fit_moments", "sq_distances", "sparse_log_prob"]
 
 
-def fit_moments(sc: SparseCounts, wb: Tensor):
+def fit_moments(sc: SparseCounts, wb: Tensor, N: Optional[Tensor] = None):
     """The per-batch pieces of fit's prepass from the nonzeros, for row
     weights wb (b, K): N (b,) row totals, the count of bad values, the (K, V)
     weighted sums of the proportions n / N and of their squares (rows with N
-    > 0), and c (b,) = log N! - sum_v log n_v!, all float64."""
-    rows, cols, c = sc.coo()
+    > 0), and c (b,) = log N! - sum_v log n_v!, all float64. Given the row
+    totals ``N`` (of an earlier pass), only the moments are computed (the
+    count of bad values and c are then None)."""
     B, V = sc.shape
-    bad = (~torch.isfinite(c)).sum() + (c < 0).sum()
-    N = torch.zeros(B, dtype=torch.float64, device=c.device).index_add_(0, rows, c)
+    given = N is not None
+    if not given:
+        rows, cols, c = sc.coo()
+        bad = (~torch.isfinite(c)).sum() + (c < 0).sum()
+        N = torch.zeros(B, dtype=torch.float64, device=c.device).index_add_(0, rows, c)
     wp = wb * (N > 0).unsqueeze(-1)
     # The column sums as the transpose's product (V, B) @ (B, K), from the
     # column-sorted copy (the one the gradient uses).
@@ -30,6 +36,8 @@ def fit_moments(sc: SparseCounts, wb: Tensor):
     for values in (x, x * x):
         Xt = csr_tensor(ptr, csc_rows, values, (V, B))
         sums.append((Xt @ wp).T if B > 0 else wp.new_zeros(wp.shape[1], V))
+    if given:
+        return N, None, sums[0], sums[1], None
     lg = torch.zeros(B, dtype=torch.float64, device=c.device).index_add_(
         0, rows, torch.lgamma(c + 1))
     return N, bad, sums[0], sums[1], torch.lgamma(N + 1) - lg

@@ -279,7 +279,8 @@ class Pre:
 
 def prepass(rows: Rows, reduce: Reducer = identity, check: bool = True) -> Pre:
     """Row totals N and normalizing constants c (stored on ``rows``),
-    validation, weighted moments."""
+    validation, weighted moments. Without ``check``, N and c already on
+    ``rows`` (from an earlier prepass of the same rows) are reused."""
     K, V, dev = rows.K, rows.V, rows.device
     W = torch.zeros(K, dtype=torch.float64, device=dev)
     Wpos, Sinv, C = W.clone(), W.clone(), W.clone()
@@ -287,17 +288,23 @@ def prepass(rows: Rows, reduce: Reducer = identity, check: bool = True) -> Pre:
     Sx2 = Sx.clone()
     Ns, cs = [], []
     bad = torch.zeros((), dtype=torch.float64, device=dev)
-    for cb, wb, _ in rows.batches():
+    known = not check and rows.N is not None and rows.c is not None
+    start = 0
+    for cb, wb, Nb in rows.batches():
+        cst = rows.c[start:start + wb.shape[0]] if known else None
+        start += wb.shape[0]
         if isinstance(cb, SparseCounts):
-            N, bad_b, sx, sx2, cst = fit_moments(cb, wb)
+            N, bad_b, sx, sx2, cb_c = fit_moments(cb, wb, Nb if known else None)
+            cst = cb_c if cst is None else cst
         else:
             c = cb.to(torch.float64)
-            bad_b = (~torch.isfinite(c)).sum() + (c < 0).sum()
-            N = c.sum(-1)
+            bad_b = (~torch.isfinite(c)).sum() + (c < 0).sum() if check else bad
+            N = Nb if known else c.sum(-1)
             x = c / N.clamp_min(1e-300).unsqueeze(-1)
             wpx = wb * (N > 0).unsqueeze(-1)
             sx, sx2 = wpx.T @ x, wpx.T @ (x * x)
-            cst = torch.lgamma(N + 1) - torch.lgamma(c + 1).sum(-1)
+            if cst is None:
+                cst = torch.lgamma(N + 1) - torch.lgamma(c + 1).sum(-1)
         if check:
             bad = bad + bad_b
         Ns.append(N)
