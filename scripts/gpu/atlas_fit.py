@@ -28,7 +28,9 @@ import json
 import os
 import resource
 import sys
+import threading
 import time
+import traceback
 
 import torch
 
@@ -39,6 +41,33 @@ def _rss_now() -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * 1024
     return 0
+
+
+class PeakWatch:
+    """Samples this process's RSS every few ms on a thread and keeps, for
+    the highest sample, where the main thread was (its innermost frames)."""
+
+    def __init__(self):
+        self.peak, self.where, self._stop = 0, "", False
+        self._main = threading.main_thread().ident
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self._stop:
+            r = _rss_now()
+            if r > self.peak:
+                frame = sys._current_frames().get(self._main)
+                self.peak = r
+                self.where = "".join(traceback.format_stack(frame)[-4:]) if frame else ""
+            time.sleep(0.002)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop = True
+        self._thread.join()
 
 
 def _peak_rss() -> int:
@@ -159,8 +188,9 @@ def main(argv=None) -> int:
     counts = SparseCounts(indptr, indices, values, (a.rows, a.cols), validate=False)
     torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
-    m = fit_mixture(counts, a.k, n_init=1, n_screen=0, max_iter=a.iters, tol=1e-300,
-                    seed=a.seed, device="cuda", batch_size=a.batch_rows, progress=True)
+    with PeakWatch() as watch:
+        m = fit_mixture(counts, a.k, n_init=1, n_screen=0, max_iter=a.iters, tol=1e-300,
+                        seed=a.seed, device="cuda", batch_size=a.batch_rows, progress=True)
     fit_s = time.perf_counter() - t0
     out = {
         "rows": a.rows, "cols": a.cols, "nnz": nnz, "csr_bytes": csr_bytes, "k": a.k,
@@ -168,7 +198,8 @@ def main(argv=None) -> int:
         "em_iterations": m.n_iter, "iter_s": m.iter_s, "iter_over_copy": m.iter_s / copy_s,
         "fit_s": fit_s, "log_lik": m.log_lik,
         "peak_host_rss": _peak_rss(), "host_rss_before_matrix": rss0,
-        "host_rss_with_matrix": rss_matrix,
+        "host_rss_with_matrix": rss_matrix, "fit_peak_host_rss": watch.peak,
+        "fit_peak_at": watch.where,
         "peak_gpu_bytes": torch.cuda.max_memory_allocated(),
         "device": torch.cuda.get_device_name(), "torch": torch.__version__,
     }
@@ -178,6 +209,9 @@ def main(argv=None) -> int:
           f"it, peak {out['peak_host_rss'] / 1e9:.2f} GB ({(out['peak_host_rss'] - rss0) / csr_bytes:.2f}x "
           f"the CSR bytes above the process before the matrix); peak GPU memory "
           f"{out['peak_gpu_bytes'] / 1e9:.2f} GB")
+    print(f"the fit's highest host RSS, {watch.peak / 1e9:.2f} GB "
+          f"({(watch.peak - rss_matrix) / csr_bytes:.2f}x the CSR bytes above the process "
+          f"with the matrix), sampled at:\n{watch.where}")
     path = a.json or (os.path.join(os.environ["OUT"], "atlas.json") if os.environ.get("OUT")
                       else None)
     if path:
