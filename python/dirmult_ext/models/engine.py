@@ -210,9 +210,12 @@ class Rows:
         V = cb.shape[1]
         top = float(n.max()) + 1.0 if n.numel() else 1.0
         if bool((n == n.floor()).all()) and top * V < 2.0 ** 62:
-            # one int per (column, count), column-major: each column's pairs adjacent
-            key = c * int(top) + n.to(torch.int64)
+            # one int per (column, count), column-major: each column's pairs
+            # adjacent; int32 keys where they fit (a radix sort of half the passes)
+            kd = torch.int32 if top * V < 2.0 ** 31 else torch.int64
+            key = c.to(kd) * int(top) + n.to(kd)
             skey, perm = torch.sort(key, stable=True)
+            skey = skey.long()
             ukey, cnt = torch.unique_consecutive(skey, return_counts=True)
             pcol, pcnt = ukey // int(top), (ukey % int(top)).to(torch.float64)
             rows = r[perm]
