@@ -83,10 +83,10 @@ def test_bench_quick_json(quick_run):
     reps = {data["small"][k]["reps"] for k in ("add1", "ext_fwd", "trivial_grad", "ext_fwdbwd")}
     assert len(reps) == 1 and reps.pop() >= 1
     targets = {t["id"]: t for t in data["targets"]}
-    assert len(targets) == 16
+    assert len(targets) == 18
     for t in targets.values():
-        if t["id"].startswith(("per_sample", "sparse")):
-            assert t["met"] is None  # not run without --per-sample, --sparse
+        if t["id"].startswith(("per_sample", "sparse", "em_")):
+            assert t["met"] is None  # not run without --per-sample, --sparse, --em
         else:
             assert isinstance(t["met"], bool) and _positive_finite(t["value"])
     assert data["sanity_ok"] is True
