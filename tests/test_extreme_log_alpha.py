@@ -1,11 +1,7 @@
 """Finite log_alpha beyond the dtype's exp range (alpha underflows to 0 or
 overflows to inf) and integer counts that float32 does not hold: values and
 gradients against mpmath, dense (shared and per-sample alpha), components,
-sparse CSR and the distribution's log_prob.
-
-On the CPU: the CUDA kernels still sum the concentrations in linear space
-(their totals over- or underflow in these ranges), so the device fixture is
-the CPU alone here."""
+sparse CSR and the distribution's log_prob, on every device under test."""
 import math
 
 import mpmath
@@ -22,11 +18,6 @@ EXTREME = {
     torch.float64: [(-1000.0, -709.0), (710.0, 1000.0)],
 }
 TOL = {torch.float32: 4e-6, torch.float64: 1e-12}
-
-
-@pytest.fixture
-def device():
-    return torch.device("cpu")
 
 
 def _a(la):
@@ -226,3 +217,71 @@ def test_large_integer_count_float32(device, count_dtype):
     out = dm.log_lik(counts.to(device), la_d)
     (g,) = torch.autograd.grad((out * w.to(device=device, dtype=torch.float32)).sum(), la_d)
     check_rows(out.detach().cpu(), g, counts.double(), la2, torch.float32, w)
+
+
+# Shapes that take the kernels' other ways (on CUDA the small problems above
+# are one launch each): the tables, the fill ring, rows in chunks, components
+# by table and by rows, per-sample rows in chunks, CSR. The reference is the
+# CPU in float64 (itself checked against mpmath above).
+SCALE_SHAPES = [
+    ("shared", 1, 300, 3000), ("shared", 1, 4, 60000), ("shared", 1, 2000, 40),
+    ("per_sample", 1, 40, 3000), ("per_sample", 1, 6, 20000),
+    ("components", 3, 120, 700), ("components", 4, 30, 5000),
+    ("csr", 1, 200, 3000), ("csr", 3, 200, 3000),
+]
+
+
+def _magnitudes(counts, la, shared):
+    """Bounds on a row's terms and on a gradient entry's terms (float64)."""
+    la_rows = la.expand(counts.shape[0], -1, -1) if shared else la.unsqueeze(1)
+    n = counts.unsqueeze(1)
+    N = counts.sum(-1, keepdim=True).unsqueeze(1)
+    log_A = torch.logsumexp(la_rows, -1, keepdim=True)
+    mag = ((n * (la_rows.abs() + torch.log1p(n))).sum(-1)
+           + (N * (log_A.abs() + torch.log1p(N))).squeeze(-1))
+    gmag = n + N + 1
+    return mag, gmag
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind,K,B,V", SCALE_SHAPES)
+def test_at_scale_matches_float64(device, dtype, kind, K, B, V):
+    gen = torch.Generator().manual_seed(6000 + B + V + K + (dtype == torch.float64))
+    shape = (B, V) if kind == "per_sample" else (K, V)
+    la = draw_log_alpha(shape, dtype, gen, mixed=True)
+    counts = draw_counts((B, V), gen)
+    counts = counts * (torch.rand((B, V), generator=gen) < 0.2)  # mostly zeros
+    counts[:, 0] += 1
+    counts[0, 1] = 300  # off the tables
+    w = torch.rand(B, K, generator=gen, dtype=torch.float64) + 0.5
+    la_k = la[0] if kind in ("shared", "csr") and K == 1 else la
+
+    def run(device, dt):
+        x = counts.to(device=device, dtype=dt)
+        if kind == "csr":
+            x = x.to_sparse_csr()
+        la_d = la_k.to(device=device, dtype=dt).requires_grad_()
+        per_component = kind == "components" or (kind == "csr" and K > 1)
+        f = dm.log_lik_components if per_component else dm.log_lik
+        out = f(x, la_d)
+        wt = w.to(device=device, dtype=dt)
+        wt = wt if out.dim() == 2 else wt[:, 0]
+        (g,) = torch.autograd.grad((out * wt).sum(), la_d)
+        return out.detach().double().cpu(), g.double().cpu()
+
+    out, g = run(device, dtype)
+    ref, gref = run("cpu", torch.float64)
+    mag, gmag = _magnitudes(counts, la.double() if la.dim() == 2 else la.double().unsqueeze(0),
+                            shared=kind != "per_sample")
+    mag = mag if out.dim() == 2 else mag[:, 0]
+    tol = 1e-5 if dtype == torch.float32 else 1e-11
+    assert torch.isfinite(out).all() and torch.isfinite(g).all()
+    assert ((out - ref).abs() <= tol * mag).all(), ((out - ref).abs() / mag).max()
+    # A gradient entry sums over rows: its bound, weighted like the rows.
+    wm = w.abs() if kind != "per_sample" else w.abs()[:, 0:1]
+    if kind == "per_sample":
+        gbound = wm * gmag[:, 0]
+    else:
+        gbound = torch.einsum("bk,bkv->kv", wm, gmag.expand(-1, K, -1))
+        gbound = gbound if la_k.dim() == 2 else gbound[0]
+    assert ((g - gref).abs() <= tol * gbound).all(), ((g - gref).abs() / gbound).max()

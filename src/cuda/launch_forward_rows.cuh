@@ -17,12 +17,13 @@ namespace dirmult {
 namespace cuda {
 
 template <typename scalar_t>
-void launch_finish_rows(const RowPartial* partial, const double* Apart, int nblk_alpha, int64_t B,
-                        int K, int64_t num_chunks, bool per_sample, bool normalize,
-                        scalar_t* out, cudaStream_t stream) {
+void launch_finish_rows(const RowPartial* partial, const double* Apart, int nblk_alpha,
+                        const scalar_t* log_alpha, int64_t V, int64_t B, int K,
+                        int64_t num_chunks, bool per_sample, bool normalize, scalar_t* out,
+                        cudaStream_t stream) {
   finish_rows_kernel<scalar_t><<<ceil_div(B * K, finish_pairs_per_block(num_chunks)), 256, 0,
-                                 stream>>>(partial, Apart, nblk_alpha, B, K, num_chunks,
-                                           per_sample, normalize, out);
+                                 stream>>>(partial, Apart, nblk_alpha, log_alpha, V, B, K,
+                                           num_chunks, per_sample, normalize, out);
   DM_CUDA_CHECK_LAUNCH();
 }
 
@@ -45,8 +46,8 @@ void launch_forward_rows(const Tensor& counts, const Tensor& log_alpha, int64_t 
       n, pa.cols, pa.Apart, pa.nblk, B, V, K, split, aligned, normalize, out, partial);
   DM_CUDA_CHECK_LAUNCH();
   if (split.num_chunks > 1) {
-    launch_finish_rows<scalar_t>(partial, pa.Apart, pa.nblk, B, K, split.num_chunks, false,
-                                 normalize, out, stream);
+    launch_finish_rows<scalar_t>(partial, pa.Apart, pa.nblk, nullptr, V, B, K, split.num_chunks,
+                                 false, normalize, out, stream);
   }
 }
 

@@ -86,6 +86,11 @@ void launch_backward_per_sample_float(const Tensor& grad, const Tensor& counts,
 std::tuple<Tensor, Tensor> log_lik_backward_cuda(Tensor grad, Tensor counts, Tensor log_alpha,
                                                  bool normalize, bool counts_grad) {
   const bool shared = check_log_lik_backward(grad, counts, log_alpha);
+  if (wide_counts(counts, log_alpha)) {  // See Note [Wide integer counts]
+    auto [gla, gc] = log_lik_backward_cuda(to_float64(grad), counts, to_float64(log_alpha),
+                                           normalize, counts_grad);
+    return {to_float32(gla), to_float32(gc)};
+  }
   torch::stable::accelerator::DeviceGuard guard(counts.get_device_index());
   counts = native_counts(counts);
   log_alpha = as_contiguous(log_alpha);

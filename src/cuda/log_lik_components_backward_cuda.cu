@@ -96,6 +96,10 @@ void launch_components_backward(const Tensor& grad, const Tensor& counts, const 
 
 Tensor log_lik_components_backward_cuda(Tensor grad, Tensor counts, Tensor log_alpha) {
   check_components_backward(grad, counts, log_alpha);
+  if (wide_counts(counts, log_alpha)) {  // See Note [Wide integer counts]
+    return to_float32(
+        log_lik_components_backward_cuda(to_float64(grad), counts, to_float64(log_alpha)));
+  }
   torch::stable::accelerator::DeviceGuard guard(counts.get_device_index());
   counts = native_counts(counts);
   log_alpha = as_contiguous(log_alpha);

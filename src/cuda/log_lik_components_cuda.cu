@@ -97,6 +97,9 @@ void launch_forward_components(const Tensor& counts, const Tensor& log_alpha, in
 
 Tensor log_lik_components_cuda(Tensor counts, Tensor log_alpha, bool normalize) {
   check_components(counts, log_alpha);
+  if (wide_counts(counts, log_alpha)) {  // See Note [Wide integer counts]
+    return to_float32(log_lik_components_cuda(counts, to_float64(log_alpha), normalize));
+  }
   torch::stable::accelerator::DeviceGuard guard(counts.get_device_index());
   counts = native_counts(counts);
   log_alpha = as_contiguous(log_alpha);

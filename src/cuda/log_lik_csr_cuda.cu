@@ -23,7 +23,7 @@ namespace {
 // The prepared concentrations of one call: cols (V, K), the totals A (K,)
 // and, when asked (Kt > 0), the forward's table (V, kCsrTableCounts, Kt).
 struct CsrPrep {
-  Tensor cols, A, table;
+  Tensor cols, log_A, table;  // log_A: (K,) float64 (See Note [Log-space totals])
 };
 
 template <typename T>
@@ -34,7 +34,7 @@ CsrPrep prepare_alpha(const Tensor& log_alpha, int64_t K, int64_t V, int64_t Kt,
   CsrPrep p;
   p.cols = torch::stable::new_empty(log_alpha, {std::max<int64_t>(V * K, 1) * 4});
   Tensor Apart = torch::stable::new_empty(log_alpha, {K * nblk}, ScalarType::Double);
-  p.A = torch::stable::new_empty(log_alpha, {K}, ScalarType::Double);
+  p.log_A = torch::stable::new_empty(log_alpha, {K}, ScalarType::Double);
   if (with_table) {
     p.table = torch::stable::new_empty(log_alpha, {std::max<int64_t>(V * Kt * kCsrTableCounts, 1)});
   }
@@ -50,9 +50,10 @@ CsrPrep prepare_alpha(const Tensor& log_alpha, int64_t K, int64_t V, int64_t Kt,
             static_cast<int>(Kt), static_cast<T*>(p.table.mutable_data_ptr()));
     DM_CUDA_CHECK_LAUNCH();
   }
-  csr_alpha_totals_kernel<<<static_cast<unsigned>(ceil_div(K, 32)), 32, 0, stream>>>(
+  csr_alpha_totals_kernel<T><<<static_cast<unsigned>(ceil_div(K, 32)), 32, 0, stream>>>(
       static_cast<const double*>(Apart.const_data_ptr()), nblk, static_cast<int>(K),
-      static_cast<double*>(p.A.mutable_data_ptr()));
+      static_cast<const T*>(log_alpha.const_data_ptr()), V,
+      static_cast<double*>(p.log_A.mutable_data_ptr()));
   DM_CUDA_CHECK_LAUNCH();
   return p;
 }
@@ -73,7 +74,7 @@ Tensor log_lik_csr_cuda(Tensor crow, Tensor col, Tensor val, Tensor log_alpha, b
     const int64_t Kt = csr_table_stride(V, K, kCsrTableCounts, nnz, sizeof(scalar_t));
     const CsrPrep p = prepare_alpha<scalar_t>(a.log_alpha, K, V, Kt, stream);
     const auto* cols = static_cast<const CsrColumn<scalar_t>*>(p.cols.const_data_ptr());
-    const auto* A = static_cast<const double*>(p.A.const_data_ptr());
+    const auto* log_A = static_cast<const double*>(p.log_A.const_data_ptr());
     if (Kt > 0) {
       const bool short_rows = csr_forward_short_rows(B, nnz, kCsrRowsPerWarpShort);
       auto launch = [&](auto rows, auto walk) {
@@ -82,7 +83,7 @@ Tensor log_lik_csr_cuda(Tensor crow, Tensor col, Tensor val, Tensor log_alpha, b
             <<<static_cast<unsigned>(ceil_div(ceil_div(B, R), kCsrRowsPerBlock)),
                kCsrRowsPerBlock * 32, 0, stream>>>(
                 t.crow, t.col, t.val, B, nnz, V, static_cast<int>(K), static_cast<int>(Kt),
-                static_cast<const scalar_t*>(p.table.const_data_ptr()), cols, A, normalize,
+                static_cast<const scalar_t*>(p.table.const_data_ptr()), cols, log_A, normalize,
                 t.out(out));
       };
       using One = std::integral_constant<int, 1>;
@@ -101,7 +102,7 @@ Tensor log_lik_csr_cuda(Tensor crow, Tensor col, Tensor val, Tensor log_alpha, b
     }
     csr_forward_kernel<scalar_t, value_t, index_t>
         <<<static_cast<unsigned>(ceil_div(B, kCsrRowsPerBlock)), kCsrRowsPerBlock * 32, 0,
-           stream>>>(t.crow, t.col, t.val, B, nnz, V, static_cast<int>(K), cols, A, normalize,
+           stream>>>(t.crow, t.col, t.val, B, nnz, V, static_cast<int>(K), cols, log_A, normalize,
                      t.out(out));
     DM_CUDA_CHECK_LAUNCH();
   });
@@ -119,22 +120,23 @@ Tensor log_lik_csr_backward_cuda(Tensor grad, Tensor crow, Tensor val, Tensor cs
   const int64_t warps = ceil_div(B, kCsrRowsPerWarp);
   Tensor part = torch::stable::new_empty(a.log_alpha, {std::max<int64_t>(warps * K, 1)},
                                          ScalarType::Double);
-  Tensor S = torch::stable::new_empty(a.log_alpha, {K}, ScalarType::Double);
+  // S (K,), then log A_k where A_k is out of range, else NaN (csr_sum_weights_kernel).
+  Tensor S = torch::stable::new_empty(a.log_alpha, {2 * K}, ScalarType::Double);
   a.dispatch([&](auto t) {
     using scalar_t = typename decltype(t)::scalar_t;
     using value_t = typename decltype(t)::value_t;
     using index_t = typename decltype(t)::index_t;
     const CsrPrep p = prepare_alpha<scalar_t>(a.log_alpha, K, V, 0, stream);
-    const auto* A = static_cast<const double*>(p.A.const_data_ptr());
+    const auto* log_A = static_cast<const double*>(p.log_A.const_data_ptr());
     if (warps > 0) {
       csr_row_weights_kernel<scalar_t, value_t, index_t>
           <<<static_cast<unsigned>(ceil_div(warps, kCsrBackwardWarps)), kCsrBackwardWarps * 32,
-             0, stream>>>(t.grad, t.crow, t.val, B, nnz, static_cast<int>(K), A, warps,
+             0, stream>>>(t.grad, t.crow, t.val, B, nnz, static_cast<int>(K), log_A, warps,
                           static_cast<double*>(part.mutable_data_ptr()));
       DM_CUDA_CHECK_LAUNCH();
     }
-    csr_sum_weights_kernel<<<static_cast<unsigned>(K), kCsrSumThreads, 0, stream>>>(
-        static_cast<const double*>(part.const_data_ptr()), warps, static_cast<int>(K), A,
+    csr_sum_weights_kernel<scalar_t><<<static_cast<unsigned>(K), kCsrSumThreads, 0, stream>>>(
+        static_cast<const double*>(part.const_data_ptr()), warps, static_cast<int>(K), log_A,
         static_cast<double*>(S.mutable_data_ptr()));
     DM_CUDA_CHECK_LAUNCH();
     csr_column_grad_kernel<scalar_t, value_t, index_t>

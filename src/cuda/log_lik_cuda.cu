@@ -64,8 +64,8 @@ void launch_forward_per_sample(const Tensor& counts, const Tensor& log_alpha, in
   }
   DM_CUDA_CHECK_LAUNCH();
   if (split.num_chunks > 1) {
-    launch_finish_rows<scalar_t>(partial, nullptr, 0, B, 1, split.num_chunks, true, normalize, out,
-                                 stream);
+    launch_finish_rows<scalar_t>(partial, nullptr, 0, la, V, B, 1, split.num_chunks, true,
+                                 normalize, out, stream);
   }
 }
 
@@ -91,7 +91,7 @@ void launch_forward_table_fill_ring(const float* n, const float* la, int64_t B, 
   const int64_t num_chunks = ceil_div(V, kTableChunk);
   const int nblk = prep_blocks(V);
   ScratchLayout layout;
-  const int64_t apart_at = layout.add(nblk * static_cast<int64_t>(sizeof(double)));
+  const int64_t apart_at = layout.add(apart_stride(nblk) * static_cast<int64_t>(sizeof(double)));
   const int64_t partial_at = layout.add(B * num_chunks * static_cast<int64_t>(sizeof(RowPartial)));
   const Tensor ws = workspace(like, layout.size());
   auto* Apart = ScratchLayout::at<double>(ws, apart_at);
@@ -109,7 +109,8 @@ void launch_forward_table_fill_ring(const float* n, const float* la, int64_t B, 
   kKernel<<<static_cast<unsigned>(blocks), kRingWarps * 32, kRingSmemBytes, stream>>>(
       n, la, Apart, nblk, B, V, o, false);
   DM_CUDA_CHECK_LAUNCH();
-  launch_finish_rows<float>(partial, Apart, nblk, B, 1, num_chunks, false, normalize, out, stream);
+  launch_finish_rows<float>(partial, Apart, nblk, nullptr, V, B, 1, num_chunks, false, normalize,
+                            out, stream);
 }
 
 // forward_table_kernel<count_t, 1, true> (TableForward::kFillInBlock): a
@@ -136,8 +137,8 @@ void launch_forward_table_fill(const count_t* n, const Tensor& log_alpha, int64_
   launch_dependent(kKernel, dim3(static_cast<unsigned>(num_chunks)), dim3(kRowWarps * 32),
                    kTableSmemBytes, stream, n, static_cast<const float*>(nullptr), la, pa.cols,
                    pa.Apart, pa.nblk, B, V, aligned, o);
-  launch_finish_rows<float>(partial, pa.Apart, pa.nblk, B, 1, num_chunks, false, normalize, out,
-                            stream);
+  launch_finish_rows<float>(partial, pa.Apart, pa.nblk, nullptr, V, B, 1, num_chunks, false,
+                            normalize, out, stream);
 }
 
 // Shared float32 alpha over many rows: the lookup-table kernels (See Note
@@ -218,8 +219,8 @@ void launch_forward_table(const Tensor& counts, const Tensor& log_alpha, int64_t
     }
   }
   if (num_chunks > 1) {
-    launch_finish_rows<float>(partial, pa.Apart, pa.nblk, B, 1, num_chunks, false, normalize, out,
-                              stream);
+    launch_finish_rows<float>(partial, pa.Apart, pa.nblk, nullptr, V, B, 1, num_chunks, false,
+                              normalize, out, stream);
   }
 }
 
@@ -248,6 +249,9 @@ void log_lik_shared_float(const Tensor& counts, const Tensor& log_alpha, int64_t
 
 Tensor log_lik_cuda(Tensor counts, Tensor log_alpha, bool normalize) {
   const bool shared = check_log_alpha(counts, log_alpha);
+  if (wide_counts(counts, log_alpha)) {  // See Note [Wide integer counts]
+    return to_float32(log_lik_cuda(counts, to_float64(log_alpha), normalize));
+  }
   torch::stable::accelerator::DeviceGuard guard(counts.get_device_index());
   counts = native_counts(counts);
   log_alpha = as_contiguous(log_alpha);

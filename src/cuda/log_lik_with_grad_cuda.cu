@@ -93,7 +93,9 @@ std::tuple<Tensor, Tensor> log_lik_with_grad_cuda(Tensor counts, Tensor log_alph
   // Float32 from one row, like the tables it reads (See Note [Single pass]):
   // few rows' forward+backward read a table of both kinds once instead of
   // filling one for the forward and both for the backward.
-  if (log_alpha.scalar_type() != ScalarType::Float || V == 0 || B == 0) {
+  // (Wide integer counts: log_lik_cuda's float64, See Note [Wide integer counts].)
+  if (log_alpha.scalar_type() != ScalarType::Float || V == 0 || B == 0 ||
+      wide_counts(counts, log_alpha)) {
     auto backward = [](Tensor g, Tensor c, Tensor la, bool norm, bool cg) {
       return log_lik_backward_cuda(g, c, la, norm, cg);
     };

@@ -25,7 +25,7 @@ struct PreparedAlpha {
 template <typename scalar_t>
 int64_t prepared_alpha_bytes(int64_t K, int64_t V) {
   return K * V * static_cast<int64_t>(sizeof(ColumnAlpha<scalar_t>)) +
-         K * prep_blocks(V) * static_cast<int64_t>(sizeof(double));
+         K * apart_stride(prep_blocks(V)) * static_cast<int64_t>(sizeof(double));
 }
 
 // Into `dst` (prepared_alpha_bytes, 16-byte aligned), part of the caller's

@@ -33,6 +33,26 @@ inline Tensor native_counts(const Tensor& counts) {
   }
 }
 
+// Note [Wide integer counts]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~
+// float32 holds integers exactly only up to 2^24, so the float32 kernels
+// would round an int32 or int64 count above it to a neighbour before its
+// terms (one count is worth about log n nats there). The CPU kernels read
+// integer counts natively and take such a count's terms in float64
+// (row_sums_cpu.h, count_rounds); on CUDA, where integer counts are
+// converted to float64 first (native_counts), a call with int32 or int64
+// counts and float32 log_alpha runs the float64 kernels and rounds its
+// results to float32 once. Whether a count is that large is not known on
+// the host without a synchronization, so every such call takes float64.
+inline bool wide_counts(const Tensor& counts, const Tensor& log_alpha) {
+  const ScalarType t = counts.scalar_type();
+  return (t == ScalarType::Int || t == ScalarType::Long) &&
+         log_alpha.scalar_type() == ScalarType::Float;
+}
+
+inline Tensor to_float64(const Tensor& t) { return torch::stable::to(t, ScalarType::Double); }
+inline Tensor to_float32(const Tensor& t) { return torch::stable::to(t, ScalarType::Float); }
+
 // The Device of op_args.h's argument structs: the call's device selected
 // for its lifetime, the counts as native_counts makes them.
 struct CudaDevice {

@@ -24,9 +24,14 @@ struct alignas(4 * sizeof(T)) ColumnAlpha {
   }
 };
 
+// Apart holds per component 2 nblk doubles: the slices' sums of alpha, then
+// the slices' log-sum-exps of log_alpha, written only for a slice whose sum
+// leaves the dtype's exp range (See Note [Log-space totals]).
+__host__ __device__ constexpr int64_t apart_stride(int nblk) { return 2 * static_cast<int64_t>(nblk); }
+
 constexpr int kPrepThreads = 256;
 // Partial totals per component; each is a fixed slice of columns, summed in
-// order by alpha_total(), so A is the same bits in every kernel and run.
+// order by alpha_log_total(), so A is the same bits in every kernel and run.
 // A column per thread up to 32 blocks: the table kernels wait for this
 // (a block of 1024 columns was slower: docs/PERFORMANCE_LEDGER.md).
 constexpr int kMaxPrepBlocks = 32;
@@ -44,6 +49,49 @@ __device__ __forceinline__ ColumnAlpha<T> column_alpha(T la) {
   const T a = dm_exp(la);
   const ExactFactors<T> f = exact_factors(a);
   return {a, la, f.base, f.step};
+}
+
+// Note [Log-space totals]
+// ~~~~~~~~~~~~~~~~~~~~~~~~
+// The kernels sum the dtype's exps of log_alpha in double (math.h, the
+// concentration total). Where that sum leaves the dtype's exp range
+// (total_out_of_range), log A is taken in log space instead: each slice of
+// columns whose sum is out of range also stores the log-sum-exp of its
+// log_alpha (one thread, out of line: a rare path), and alpha_log_total
+// combines the slices' logs. Every kernel then holds log A alone (one
+// double, as A was) and makes A = exp(log A) where it needs it
+// (log_total): the row term lnpoch(A, N) from log A, and in the gradient
+// the scaled forms where A is out of range (math.h, LogTotal). Rows of
+// per-sample alpha take their own log-sum-exp the same way (row_log_total).
+
+// log sum_v exp(la[v]) over v in [v0, v1), in double, by one thread (-inf
+// for no columns).
+template <typename scalar_t>
+DM_RARE_PATH double slice_log_sum_exp(const scalar_t* __restrict__ la, int64_t v0, int64_t v1) {
+  double m = -double(INFINITY);
+  for (int64_t v = v0; v < v1; ++v) m = fmax(m, static_cast<double>(la[v]));
+  if (!(m > -double(INFINITY) && m < double(INFINITY))) return m;
+  double s = 0.0;
+  for (int64_t v = v0; v < v1; ++v) s += exp(static_cast<double>(la[v]) - m);
+  return m + log(s);
+}
+
+// log A of component k from its Apart (the slices' sums, then their
+// log-sum-exps), where the sum A is out of range.
+template <typename scalar_t>
+__device__ __forceinline__ double slice_log(const double* __restrict__ part, int nblk, int i) {
+  const double a = part[i];
+  return total_out_of_range<scalar_t>(a) ? part[nblk + i] : log(a);
+}
+
+template <typename scalar_t>
+DM_RARE_PATH double log_total_of_parts(const double* __restrict__ part, int nblk) {
+  double m = -double(INFINITY);
+  for (int i = 0; i < nblk; ++i) m = fmax(m, slice_log<scalar_t>(part, nblk, i));
+  if (!(m > -double(INFINITY) && m < double(INFINITY))) return m;
+  double s = 0.0;
+  for (int i = 0; i < nblk; ++i) s += exp(slice_log<scalar_t>(part, nblk, i) - m);
+  return m + log(s);
 }
 
 // Slice `blk` of `nblk` of component k by the calling thread's group of
@@ -122,7 +170,10 @@ __device__ __forceinline__ void prep_alpha_slice_group(const scalar_t* __restric
       s += warp_totals[group][w];
       ok = ok && warp_finite[group][w];
     }
-    Apart[k * nblk + blk] = ok ? s : NAN;
+    Apart[k * apart_stride(nblk) + blk] = ok ? s : NAN;
+    if (ok && total_out_of_range<scalar_t>(s)) {
+      Apart[k * apart_stride(nblk) + nblk + blk] = slice_log_sum_exp(log_alpha + k * V, v0, v1);
+    }
   }
 }
 
@@ -153,7 +204,9 @@ struct AlphaTotal {
 
   __device__ __forceinline__ void load(const double* __restrict__ Apart, int k, int nblk) {
 #pragma unroll
-    for (int i = 0; i < kMaxPrepBlocks; ++i) part[i] = i < nblk ? Apart[k * nblk + i] : 0.0;
+    for (int i = 0; i < kMaxPrepBlocks; ++i) {
+      part[i] = i < nblk ? Apart[k * apart_stride(nblk) + i] : 0.0;
+    }
   }
 
   __device__ __forceinline__ double sum() const {
@@ -164,11 +217,45 @@ struct AlphaTotal {
   }
 };
 
-__device__ __forceinline__ double alpha_total(const double* __restrict__ Apart, int k,
-                                              int nblk) {
+// log A of component k from the sum A of its partial totals (NaN stays NaN;
+// See Note [Log-space totals]).
+template <typename scalar_t>
+__device__ __forceinline__ double log_of_alpha_total(double A, const double* __restrict__ Apart,
+                                                     int k, int nblk) {
+  if (!total_out_of_range<scalar_t>(A)) return log(A);
+  return log_total_of_parts<scalar_t>(Apart + k * apart_stride(nblk), nblk);
+}
+
+template <typename scalar_t>
+__device__ __forceinline__ double alpha_log_total(const double* __restrict__ Apart, int k,
+                                                  int nblk) {
   AlphaTotal t;
   t.load(Apart, k, nblk);
-  return t.sum();
+  return log_of_alpha_total<scalar_t>(t.sum(), Apart, k, nblk);
+}
+
+// log A of a row of per-sample alpha from its summed exps A, with the row's
+// log_alpha (V,) for the log-sum-exp where A is out of range.
+template <typename scalar_t>
+__device__ __forceinline__ double row_log_total(double A, const scalar_t* __restrict__ lrow,
+                                                int64_t V) {
+  if (!total_out_of_range<scalar_t>(A)) return log(A);
+  return slice_log_sum_exp(lrow, 0, V);
+}
+
+// a_v / A for a total out of range, out of line (the kernels' tails).
+template <typename scalar_t>
+DM_RARE_PATH double scaled_column_factor(scalar_t log_a, double log_A) {
+  return exp(static_cast<double>(log_a) - log_A);
+}
+
+// The total from log A (See Note [Log-space totals]): A = exp(log A), scaled
+// where A is out of the dtype's range. The same log A gives the same total
+// in every kernel.
+template <typename scalar_t>
+__device__ __forceinline__ LogTotal log_total(double log_A) {
+  const double A = exp(log_A);
+  return {A, log_A, total_out_of_range<scalar_t>(A)};
 }
 
 }  // namespace cuda

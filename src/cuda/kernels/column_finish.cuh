@@ -80,10 +80,10 @@ __global__ void __launch_bounds__(kWeightThreads)
   const bool mine = b < B && sub == 0;
   double w = 0.0;
   if (mine) {
-    const double A = alpha_total(Apart, k, nblk_alpha);
+    const LogTotal A = log_total<scalar_t>(alpha_log_total<scalar_t>(Apart, k, nblk_alpha));
     const double g = grad != nullptr ? static_cast<double>(grad[b * K + k]) : 1.0;
-    w = g == 0.0 ? 0.0 : g * dpoch<double>(A, N) + (N == N ? 0.0 : NAN);  // zero_weight_rows
-    if (Lpart != nullptr) out[b] = static_cast<scalar_t>(finish_row(L, N, 0.0, A, normalize));
+    w = g == 0.0 ? 0.0 : g * A.row_weight(N) + (N == N ? 0.0 : NAN);  // zero_weight_rows
+    if (Lpart != nullptr) out[b] = static_cast<scalar_t>(finish_row(L, N, 0.0, A.log_A, normalize));
   }
   w = block_sum(w, warp_sums);
   if (threadIdx.x == 0) Wpart[static_cast<int64_t>(k) * gridDim.x + blockIdx.x] = w;
@@ -101,7 +101,8 @@ __host__ __device__ inline int64_t finish_columns_per_block(int64_t row_tiles) {
 
 // grid (ceil(V / finish_columns_per_block), K): grad[k, v] = sum_tiles
 // Cpart[tile, k, v] - a_kv S_k, S_k the ordered sum of Wpart[k, 0 ..
-// wblocks) (NaN when a concentration of component k is not finite). With
+// wblocks) (NaN when a concentration of component k is not finite; a_kv / A_k
+// where A_k is out of range, LogTotal::column_factor). With
 // 32 columns per block, lane l owns column 32 blockIdx.x + l, warp w sums
 // tiles w, w + kFinishWarps, ..., and the warp sums are added in order.
 template <typename scalar_t>
@@ -113,10 +114,11 @@ __global__ void __launch_bounds__(kFinishThreads)
   const int k = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   __shared__ double sums[kFinishWarps][32];
   __shared__ double S_k;
+  __shared__ LogTotal A_k;
   if (warp == 0) {
     const double S = warp_ordered_sum(Wpart + static_cast<int64_t>(k) * wblocks, wblocks, 1);
-    const double A = alpha_total(Apart, k, nblk_alpha);
-    if (lane == 0) S_k = A == A ? S : NAN;
+    const double log_A = alpha_log_total<scalar_t>(Apart, k, nblk_alpha);
+    if (lane == 0) S_k = log_A == log_A ? S : NAN, A_k = log_total<scalar_t>(log_A);
   }
   const int64_t per_block = finish_columns_per_block(row_tiles);
   if (per_block == kFinishThreads) {
@@ -127,8 +129,8 @@ __global__ void __launch_bounds__(kFinishThreads)
     }
     __syncthreads();
     if (v < V) {
-      grad_la[k * V + v] =
-          static_cast<scalar_t>(total - static_cast<double>(cols[k * V + v].a) * S_k);
+      const ColumnAlpha<scalar_t> col = cols[k * V + v];
+      grad_la[k * V + v] = static_cast<scalar_t>(total - A_k.column_factor(col.a, col.log_a) * S_k);
     }
     return;
   }
@@ -146,7 +148,8 @@ __global__ void __launch_bounds__(kFinishThreads)
     double total = 0.0;
 #pragma unroll
     for (int i = 0; i < kFinishWarps; ++i) total += sums[i][lane];
-    grad_la[k * V + v] = static_cast<scalar_t>(total - static_cast<double>(cols[k * V + v].a) * S_k);
+    const ColumnAlpha<scalar_t> col = cols[k * V + v];
+    grad_la[k * V + v] = static_cast<scalar_t>(total - A_k.column_factor(col.a, col.log_a) * S_k);
   }
 }
 

@@ -176,7 +176,8 @@ __global__ void __launch_bounds__(256)
     N += p.x;
     norm += p.y;
   }
-  out[i] = static_cast<scalar_t>(finish_row(s, N, norm, alpha_total(Apart, k, nblk_alpha), normalize));
+  const double log_A = alpha_log_total<scalar_t>(Apart, k, nblk_alpha);
+  out[i] = static_cast<scalar_t>(finish_row(s, N, norm, log_A, normalize));
 }
 
 // Backward, the table part of grad_la:

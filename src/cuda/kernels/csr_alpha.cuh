@@ -4,6 +4,7 @@
 // and Note [CSR tables].
 #pragma once
 
+#include "alpha_prep.cuh"
 #include "ceil_div.cuh"
 #include "warp_reduce.cuh"
 #include "dirmult/math.h"
@@ -121,14 +122,18 @@ __global__ void __launch_bounds__(kCsrPrepThreads)
   }
 }
 
-// A[k] = the sum of Apart[k * nblk ..] in order; one thread per component.
+// log_A[k] = log of the sum of Apart[k * nblk ..] in order, or the
+// log-sum-exp of log_alpha's row k where that sum is out of range (See Note
+// [Log-space totals]); one thread per component.
+template <typename T>
 __global__ void csr_alpha_totals_kernel(const double* __restrict__ Apart, int nblk, int K,
-                                        double* __restrict__ A) {
+                                        const T* __restrict__ log_alpha, int64_t V,
+                                        double* __restrict__ log_A) {
   const int k = blockIdx.x * blockDim.x + threadIdx.x;
   if (k >= K) return;
   double t = 0.0;
   for (int i = 0; i < nblk; ++i) t += Apart[static_cast<int64_t>(k) * nblk + i];
-  A[k] = t;
+  log_A[k] = row_log_total(t, log_alpha + static_cast<int64_t>(k) * V, V);
 }
 
 // Row b's nonzeros [j0, j1); false (and an empty range) when the offsets

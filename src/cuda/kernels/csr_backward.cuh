@@ -28,7 +28,7 @@ template <typename T, typename value_t, typename index_t>
 __global__ void __launch_bounds__(kCsrBackwardWarps * 32)
     csr_row_weights_kernel(const T* __restrict__ grad, const index_t* __restrict__ crow,
                            const value_t* __restrict__ val, int64_t B, int64_t nnz, int K,
-                           const double* __restrict__ A, int64_t warps,
+                           const double* __restrict__ log_A, int64_t warps,
                            double* __restrict__ part) {
   static_assert(kCsrRowsPerWarp <= 32, "a lane per row");
   const int lane = threadIdx.x & 31;
@@ -68,7 +68,10 @@ __global__ void __launch_bounds__(kCsrBackwardWarps * 32)
       if (lane < rows) {
         const double g = static_cast<double>(grad[(b0 + lane) * K + k]);
         use = g != 0.0;
-        if (use) t = mine_N == mine_N ? g * dpoch<double>(A[k], mine_N) : static_cast<double>(NAN);
+        if (use) {
+          t = mine_N == mine_N ? g * log_total<T>(log_A[k]).row_weight(mine_N)
+                               : static_cast<double>(NAN);
+        }
       }
       const unsigned used = __ballot_sync(0xffffffffu, use);
       double p = 0.0;
@@ -86,7 +89,9 @@ __global__ void __launch_bounds__(kCsrBackwardWarps * 32)
     for (int r = 0; r < rows; ++r) {
       const double N = __shfl_sync(0xffffffffu, mine_N, r);
       const double g = k < K ? static_cast<double>(grad[(b0 + r) * K + k]) : 0.0;
-      if (g != 0.0) p += N == N ? g * dpoch<double>(A[k], N) : static_cast<double>(NAN);
+      if (g != 0.0) {
+        p += N == N ? g * log_total<T>(log_A[k]).row_weight(N) : static_cast<double>(NAN);
+      }
     }
     if (k < K) part[w * K + k] = p;
   }
@@ -94,10 +99,13 @@ __global__ void __launch_bounds__(kCsrBackwardWarps * 32)
 
 // S[k] = sum of part[w * K + k] over w in order of a fixed tree: block k,
 // thread t sums w = t, t + 256, ...; then the 256 partial sums in order.
-// NaN where A_k is (a non-finite log_alpha of k makes its gradient NaN).
+// NaN where log A_k is (a non-finite log_alpha of k makes its gradient NaN).
+// S[K + k] = log A_k where A_k is out of range (the columns' factor is then
+// a / A_k: LogTotal::column_factor), else NaN.
+template <typename T>
 __global__ void __launch_bounds__(kCsrSumThreads)
     csr_sum_weights_kernel(const double* __restrict__ part, int64_t warps, int K,
-                           const double* __restrict__ A, double* __restrict__ S) {
+                           const double* __restrict__ log_A, double* __restrict__ S) {
   const int k = blockIdx.x;
   double s = 0.0;
   for (int64_t w = threadIdx.x; w < warps; w += kCsrSumThreads) s += part[w * K + k];
@@ -107,7 +115,9 @@ __global__ void __launch_bounds__(kCsrSumThreads)
   if (threadIdx.x == 0) {
     double total = 0.0;
     for (int i = 0; i < kCsrSumThreads; ++i) total += t[i];
-    S[k] = A[k] == A[k] ? total : static_cast<double>(NAN);
+    const LogTotal A = log_total<T>(log_A[k]);
+    S[k] = A.log_A == A.log_A ? total : static_cast<double>(NAN);
+    S[K + k] = A.scaled ? A.log_A : static_cast<double>(NAN);
   }
 }
 
@@ -173,8 +183,11 @@ __global__ void __launch_bounds__(kCsrBackwardWarps * 32)
     c = warp_sum(c);
     const bool ok = __all_sync(0xffffffffu, lane_ok) && range_ok;
     if (lane == 0) {
-      grad_la[static_cast<int64_t>(k) * V + v] = static_cast<T>(
-          ok ? c - static_cast<double>(cs.a) * S[k] : static_cast<double>(NAN));
+      const double log_A = S[K + k];
+      const double f = log_A == log_A ? scaled_column_factor(cs.log_a, log_A)
+                                      : static_cast<double>(cs.a);
+      grad_la[static_cast<int64_t>(k) * V + v] =
+          static_cast<T>(ok ? c - f * S[k] : static_cast<double>(NAN));
     }
   }
 }

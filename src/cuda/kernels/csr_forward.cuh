@@ -19,7 +19,7 @@ template <typename T, typename value_t, typename index_t>
 __global__ void __launch_bounds__(kCsrRowsPerBlock * 32)
     csr_forward_kernel(const index_t* __restrict__ crow, const index_t* __restrict__ col,
                        const value_t* __restrict__ val, int64_t B, int64_t nnz, int64_t V, int K,
-                       const CsrColumn<T>* __restrict__ cols, const double* __restrict__ A,
+                       const CsrColumn<T>* __restrict__ cols, const double* __restrict__ log_A,
                        bool normalize, T* __restrict__ out) {
   const int lane = threadIdx.x & 31;
   const int64_t b = static_cast<int64_t>(blockIdx.x) * kCsrRowsPerBlock + (threadIdx.x >> 5);
@@ -50,10 +50,10 @@ __global__ void __launch_bounds__(kCsrRowsPerBlock * 32)
     }
     s = warp_sum(s);
     if (lane == 0) {
-      const double Ak = A[k];
+      const double lA = log_A[k];  // See Note [Log-space totals]
       double r = static_cast<double>(NAN);
-      if (ok && Ak == Ak) {
-        r = s - lnpoch<double>(Ak, log(Ak), N);
+      if (ok && lA == lA) {
+        r = s - lnpoch<double>(exp(lA), lA, N);
         if (normalize) r += log_factorial<double>(N);
       }
       out[b * K + k] = static_cast<T>(r);
@@ -145,7 +145,7 @@ __global__ void __launch_bounds__(kCsrRowsPerBlock * 32, csr_forward_min_blocks<
     csr_forward_table_kernel(const index_t* __restrict__ crow, const index_t* __restrict__ col,
                              const value_t* __restrict__ val, int64_t B, int64_t nnz, int64_t V,
                              int K, int Kt, const T* __restrict__ tab,
-                             const CsrColumn<T>* __restrict__ cols, const double* __restrict__ A,
+                             const CsrColumn<T>* __restrict__ cols, const double* __restrict__ log_A,
                              bool normalize, T* __restrict__ out) {
   __shared__ T log_fact[kTableWidth];
   if (threadIdx.x < kTableWidth) log_fact[threadIdx.x] = log_factorial(static_cast<T>(threadIdx.x));
@@ -243,10 +243,10 @@ __global__ void __launch_bounds__(kCsrRowsPerBlock * 32, csr_forward_min_blocks<
 #pragma unroll
       for (int kk = 0; kk < KW; ++kk) {
         if (kk < kn) {
-          const double Ak = A[k0 + kk];
+          const double lA = log_A[k0 + kk];
           double r = static_cast<double>(NAN);
-          if (mine_ok && Ak == Ak) {
-            r = mine[kk] - lnpoch<double>(Ak, log(Ak), mine_N);
+          if (mine_ok && lA == lA) {
+            r = mine[kk] - lnpoch<double>(exp(lA), lA, mine_N);
             if (normalize) r += log_factorial<double>(mine_N);
           }
           out[b * K + k0 + kk] = static_cast<T>(r);

@@ -11,18 +11,30 @@ namespace dirmult {
 namespace cuda {
 
 // Row quantities for the elementwise gradients:
-//   d   = dpoch(A_b, N_b)                                   (per-sample grad_la)
-//   psi = -digamma(N_b + A_b) [+ digamma(N_b + 1)]          (grad_counts)
+//   d     = dpoch(A_b, N_b), or adpoch(A_b, N_b) where A_b is out of range
+//           (LogTotal::row_weight)                      (per-sample grad_la)
+//   psi   = -digamma(N_b + A_b) [+ digamma(N_b + 1)]    (grad_counts)
+//   log_A = log A_b where A_b is out of range (a column's factor is then
+//           a_v / A_b), else NaN (the factor is a_v)
 struct RowTotals {
-  double d, psi;
+  double d, psi, log_A;
+
+  template <typename scalar_t>
+  __device__ __forceinline__ double column_factor(scalar_t a, scalar_t la) const {
+    return log_A == log_A ? exp(static_cast<double>(la) - log_A) : static_cast<double>(a);
+  }
 };
 
-// A row's RowTotals from its N and A; a bad count (row_ok false) makes them NaN.
-__device__ __forceinline__ RowTotals row_totals(double N, double A, bool row_ok, bool normalize) {
+// A row's RowTotals from its N and log A (See Note [Log-space totals]); a
+// bad count (row_ok false) makes them NaN.
+template <typename scalar_t>
+__device__ __forceinline__ RowTotals row_totals(double N, double log_A, bool row_ok,
+                                                bool normalize) {
   if (!row_ok) N = NAN;
-  double psi = -digamma<double>(N + A);
+  const LogTotal A = log_total<scalar_t>(log_A);
+  double psi = -digamma<double>(N + A.A);
   if (normalize) psi += digamma<double>(N + 1.0);
-  return {dpoch<double>(A, N) + (N == N ? 0.0 : NAN), psi};
+  return {A.row_weight(N) + (N == N ? 0.0 : NAN), psi, A.scaled ? A.log_A : NAN};
 }
 
 // One warp per row. shared_A >= 0 (from Apart) for shared alpha; per-sample
@@ -51,8 +63,9 @@ __global__ void __launch_bounds__(256)
   A = warp_sum(A);
   const bool row_ok = __all_sync(0xffffffffu, ok);
   if (lane == 0) {
-    if (!per_sample) A = alpha_total(Apart, 0, nblk_alpha);
-    totals[b] = row_totals(N, A, row_ok, normalize);
+    const double log_A = per_sample ? row_log_total(A, log_alpha + b * V, V)
+                                    : alpha_log_total<scalar_t>(Apart, 0, nblk_alpha);
+    totals[b] = row_totals<scalar_t>(N, log_A, row_ok, normalize);
   }
 }
 
@@ -77,7 +90,7 @@ __global__ void elementwise_backward_kernel(const scalar_t* __restrict__ grad,
     if (grad_la != nullptr) {
       grad_la[i] = g == 0.0 ? scalar_t(0)  // See Note [Zero-weight rows]
                             : static_cast<scalar_t>(g * (static_cast<double>(adpoch(a, n)) -
-                                                         static_cast<double>(a) * r.d));
+                                                         r.column_factor(a, la) * r.d));
     }
     if (grad_counts != nullptr) {
       double e = static_cast<double>(digamma<scalar_t>(n + a));

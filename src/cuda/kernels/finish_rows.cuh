@@ -11,7 +11,8 @@ namespace cuda {
 // Sums the chunk partials of each (row, component) in a fixed order: a
 // thread per pair for a few chunks, a warp per pair (lanes splitting the
 // chunks, see warp_ordered_sum) for many. per_sample: A comes from the
-// partials; else from Apart.
+// partials (log_alpha (B, V) for its log-sum-exp where it is out of range);
+// else from Apart.
 constexpr int64_t kMaxChunksPerThread = 32;
 
 __host__ __device__ inline int64_t finish_pairs_per_block(int64_t num_chunks) {
@@ -26,6 +27,7 @@ __host__ __device__ inline int64_t finish_pairs_per_block(int64_t num_chunks) {
 template <typename scalar_t>
 __device__ __forceinline__ void finish_pair(const RowPartial* __restrict__ partial,
                                             const double* __restrict__ Apart, int nblk_alpha,
+                                            const scalar_t* __restrict__ log_alpha, int64_t V,
                                             int64_t i, int K, int64_t num_chunks, bool per_sample,
                                             bool normalize, bool per_thread,
                                             scalar_t* __restrict__ out) {
@@ -52,24 +54,28 @@ __device__ __forceinline__ void finish_pair(const RowPartial* __restrict__ parti
     s = warp_sum(s), N = warp_sum(N), norm = warp_sum(norm), A = warp_sum(A);
     if ((threadIdx.x & 31) != 0) return;
   }
-  if (!per_sample) {
+  double log_A;
+  if (per_sample) {
+    log_A = row_log_total(A, log_alpha + b * V, V);
+  } else {
     if (per_thread) alpha.load(Apart, k, nblk_alpha);
-    A = alpha.sum();
+    log_A = log_of_alpha_total<scalar_t>(alpha.sum(), Apart, k, nblk_alpha);
   }
-  out[i] = static_cast<scalar_t>(finish_row(s, N, norm, A, normalize));
+  out[i] = static_cast<scalar_t>(finish_row(s, N, norm, log_A, normalize));
 }
 
 template <typename scalar_t>
 __global__ void __launch_bounds__(256)
     finish_rows_kernel(const RowPartial* __restrict__ partial, const double* __restrict__ Apart,
-                       int nblk_alpha, int64_t B, int K, int64_t num_chunks, bool per_sample,
+                       int nblk_alpha, const scalar_t* __restrict__ log_alpha, int64_t V,
+                       int64_t B, int K, int64_t num_chunks, bool per_sample,
                        bool normalize, scalar_t* __restrict__ out) {
   const bool per_thread = num_chunks <= kMaxChunksPerThread;
   const int64_t i = static_cast<int64_t>(blockIdx.x) * finish_pairs_per_block(num_chunks) +
                     (per_thread ? threadIdx.x : threadIdx.x >> 5);
   if (i >= B * K) return;
-  finish_pair(partial, Apart, nblk_alpha, i, K, num_chunks, per_sample, normalize, per_thread,
-              out);
+  finish_pair(partial, Apart, nblk_alpha, log_alpha, V, i, K, num_chunks, per_sample, normalize,
+              per_thread, out);
 }
 
 }  // namespace cuda

@@ -61,8 +61,9 @@ __device__ __forceinline__ void forward_row_item(const RowItem& it, const count_
 #pragma unroll
       for (int k = 0; k < KB; ++k) {
         if (kb + k >= K) continue;
-        const double A = split.num_chunks == 1 ? alpha_total(Apart, kb + k, nblk_alpha) : 0.0;
-        write_row_result(it, split, K, kb + k, row_ok ? acc[k] : NAN, N, norm, A, normalize, out,
+        const double log_A =
+            split.num_chunks == 1 ? alpha_log_total<scalar_t>(Apart, kb + k, nblk_alpha) : 0.0;
+        write_row_result(it, split, K, kb + k, row_ok ? acc[k] : NAN, N, norm, log_A, normalize, out,
                          partial);
       }
     }
@@ -91,7 +92,7 @@ static_assert(kRowWarps * 32 == kPrepThreads, "prep_alpha_slice's reduction orde
 
 template <typename scalar_t>
 size_t forward_small_smem_bytes(int64_t V) {
-  return V * sizeof(ColumnAlpha<scalar_t>) + prep_blocks(V) * sizeof(double);
+  return V * sizeof(ColumnAlpha<scalar_t>) + apart_stride(prep_blocks(V)) * sizeof(double);
 }
 
 template <typename scalar_t, typename count_t>
@@ -99,7 +100,7 @@ __global__ void __launch_bounds__(kRowWarps * 32)
     forward_small_kernel(const count_t* __restrict__ counts, const scalar_t* __restrict__ log_alpha,
                          int64_t B, int64_t V, int nblk, bool aligned, bool normalize,
                          scalar_t* __restrict__ out) {
-  // (V) ColumnAlpha, then the nblk = prep_blocks(V) partial totals of A
+  // (V) ColumnAlpha, then Apart (2 nblk, nblk = prep_blocks(V): alpha_prep.cuh)
   extern __shared__ __align__(32) unsigned char small_smem[];
   auto* cols = reinterpret_cast<ColumnAlpha<scalar_t>*>(small_smem);
   auto* Apart = reinterpret_cast<double*>(cols + V);

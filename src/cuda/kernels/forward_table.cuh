@@ -38,7 +38,7 @@ struct TableRowWriter {
   // s: the lane's lnpoch sum; table_N its table counts (exact integers),
   // rare_N and norm its off-table counts and -log n! terms; ok: no bad count.
   // c: the chunk (with several, the partial's column).
-  __device__ __forceinline__ void add(const RowOut& o, double A, int64_t b, int64_t c, bool valid,
+  __device__ __forceinline__ void add(const RowOut& o, double log_A, int64_t b, int64_t c, bool valid,
                                       double s, int table_N, double rare_N, double norm, bool ok) {
     const int lane = threadIdx.x & 31;
     s = warp_allsum(s);
@@ -54,13 +54,13 @@ struct TableRowWriter {
       return;
     }
     if ((i & 31) == lane) my_b = b, my_s = s, my_N = N, my_norm = norm;
-    if ((i & 31) == 31) flush(o, A);
+    if ((i & 31) == 31) flush(o, log_A);
     ++i;
   }
 
-  __device__ __forceinline__ void flush(const RowOut& o, double A) {
+  __device__ __forceinline__ void flush(const RowOut& o, double log_A) {
     if (my_b >= 0) {
-      o.out[my_b] = static_cast<float>(finish_row(my_s, my_N, my_norm, A, o.normalize));
+      o.out[my_b] = static_cast<float>(finish_row(my_s, my_N, my_norm, log_A, o.normalize));
     }
     my_b = -1;
   }
@@ -144,7 +144,7 @@ __global__ void __launch_bounds__(kRowWarps * 32, kRows == 1 && !kFill ? 3 : 2)
     wait_for_prior_grid();
     stage_table_slice(tab, table, c);
   }
-  const double A = alpha_total(Apart, 0, nblk_alpha);
+  const double log_A = alpha_log_total<float>(Apart, 0, nblk_alpha);
   TableRowWriter writer;
   double s[kRows], rare_N[kRows], norm[kRows];
   int table_N[kRows];  // at most kMaxExactCount per column: no overflow
@@ -168,7 +168,7 @@ __global__ void __launch_bounds__(kRowWarps * 32, kRows == 1 && !kFill ? 3 : 2)
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
         const int64_t b = b0 + r * stride;
-        writer.add(o, A, b, c, b < B, s[r], table_N[r], rare_N[r], norm[r], ok[r]);
+        writer.add(o, log_A, b, c, b < B, s[r], table_N[r], rare_N[r], norm[r], ok[r]);
         s[r] = rare_N[r] = norm[r] = 0.0, table_N[r] = 0, ok[r] = true;
       }
       piece = 0;
@@ -182,7 +182,7 @@ __global__ void __launch_bounds__(kRowWarps * 32, kRows == 1 && !kFill ? 3 : 2)
       }
     }
   }
-  writer.flush(o, A);
+  writer.flush(o, log_A);
 }
 
 }  // namespace cuda

@@ -84,7 +84,7 @@ template <int kSlots, typename Refill, typename Columns>
 __device__ __forceinline__ void ring_row_step(const float4* __restrict__ slot,
                                               const float* __restrict__ tq, Refill refill,
                                               const float* __restrict__ row, Columns cols,
-                                              const RowOut& o, double A, int64_t b, int64_t c,
+                                              const RowOut& o, double log_A, int64_t b, int64_t c,
                                               TableRowWriter& writer) {
   const int lane = threadIdx.x & 31;
   __pipeline_wait_prior(kSlots - 1);
@@ -97,7 +97,7 @@ __device__ __forceinline__ void ring_row_step(const float4* __restrict__ slot,
   const unsigned rare = add_table_terms<kTableUnroll>(n, tq, s, table_N);
   refill();  // the slot is read
   add_rare_terms(rare, row, 4 * lane, cols, o.normalize, s, rare_N, norm, ok);
-  writer.add(o, A, b, c, true, s, table_N, rare_N, norm, ok);
+  writer.add(o, log_A, b, c, true, s, table_N, rare_N, norm, ok);
 }
 
 // (A template, instantiated for float counts only, so that this header can
@@ -131,16 +131,16 @@ __global__ void __launch_bounds__(kRingWarps * 32, 1)
   for (int k = 0; k < kRingSlots; ++k) fill(b + k * stride, k);
   __pipeline_wait_prior(kRingSlots);  // the table's group (the rows' may be in flight)
   __syncthreads();
-  const double A = alpha_total(Apart, 0, nblk_alpha);
+  const double log_A = alpha_log_total<float>(Apart, 0, nblk_alpha);
   const float* tq = tab + lane;  // base = 4 lane
   TableRowWriter writer;
   for (int i = 0; b < B; ++i, b += stride) {
     const int slot = i % kRingSlots;
     ring_row_step<kRingSlots>(
         ring + slot * kRingSlotVectors, tq, [&] { fill(b + kRingSlots * stride, slot); },
-        counts + b * V + v0, cols + v0, o, A, b, c, writer);
+        counts + b * V + v0, cols + v0, o, log_A, b, c, writer);
   }
-  writer.flush(o, A);
+  writer.flush(o, log_A);
 }
 
 // The forward for TableForward::kFillRing (few rows over more chunks than the
@@ -241,16 +241,16 @@ __global__ void __launch_bounds__(kRingWarps * 32, 1)
   if (o.num_chunks <= kMaxChunksPerThread) {
     for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < B;
          i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-      finish_pair(o.partial, Apart, nblk_alpha, i, 1, o.num_chunks, false, o.normalize, true,
-                  o.out);
+      finish_pair<float>(o.partial, Apart, nblk_alpha, nullptr, 0, i, 1, o.num_chunks, false,
+                         o.normalize, true, o.out);
     }
   } else {
     // A warp per row, the rows spread over the SMs first (a block's 16 warps
     // reading their rows' partials at once waited longer for the L2).
     for (int64_t i = static_cast<int64_t>(warp) * gridDim.x + blockIdx.x; i < B;
          i += static_cast<int64_t>(gridDim.x) * kRingWarps) {
-      finish_pair(o.partial, Apart, nblk_alpha, i, 1, o.num_chunks, false, o.normalize, false,
-                  o.out);
+      finish_pair<float>(o.partial, Apart, nblk_alpha, nullptr, 0, i, 1, o.num_chunks, false,
+                         o.normalize, false, o.out);
     }
   }
 }

@@ -87,17 +87,37 @@ __global__ void __launch_bounds__(kRowWarps * 32)
 }
 
 // Row b's RowTotals from its chunks' sums (lanes over the chunks, then
-// warp_allsum: a fixed order), valid in every lane. Warp-uniform call.
+// warp_allsum: a fixed order), valid in every lane; lrow: the row's
+// log_alpha (V,). Warp-uniform call.
 __device__ __forceinline__ RowTotals per_sample_split_totals(const PerSampleSums* __restrict__ sums,
                                                              int64_t b, int64_t num_chunks,
-                                                             bool normalize) {
+                                                             const float* __restrict__ lrow,
+                                                             int64_t V, bool normalize) {
   double N = 0.0, A = 0.0;
   bool ok = true;
   for (int64_t c = threadIdx.x & 31; c < num_chunks; c += 32) {
     const PerSampleSums s = sums[b * num_chunks + c];
     N += s.N, A += s.A, ok = ok && s.ok;
   }
-  return row_totals(warp_allsum(N), warp_allsum(A), __all_sync(0xffffffffu, ok), normalize);
+  return row_totals<float>(warp_allsum(N), row_log_total(warp_allsum(A), lrow, V),
+                           __all_sync(0xffffffffu, ok), normalize);
+}
+
+// The gradient of columns [v_begin, v_end) of a row whose total is out of
+// range (See Note [Log-space totals]): column factors a_v / A from log A,
+// d = adpoch(A, N), a column per lane on the math path. Out of line, so
+// the common rows' loop keeps its registers.
+template <typename count_t>
+__device__ __noinline__ void per_sample_grad_scaled(double g, const count_t* __restrict__ row,
+                                                    const float* __restrict__ lrow,
+                                                    int64_t v_begin, int64_t v_end, double d,
+                                                    double log_A, float* __restrict__ out) {
+  for (int64_t v = v_begin + (threadIdx.x & 31); v < v_end; v += 32) {
+    const float la = lrow[v];
+    const double adp = static_cast<double>(adpoch(dm_exp(la), static_cast<float>(row[v])));
+    const double f = exp(static_cast<double>(la) - log_A);
+    out[v] = g == 0.0 ? 0.0f : static_cast<float>(g * (adp - f * d));  // See Note [Zero-weight rows]
+  }
 }
 
 // sums: per (row, chunk) (split rows, per_sample_chunk_sums_kernel), or
@@ -118,12 +138,17 @@ __global__ void __launch_bounds__(kRowWarps * 32)
   const int64_t v_end = it.v_end;
   const count_t* row = counts + it.b * V;
   const float* lrow = log_alpha + it.b * V;
-  double d;
+  RowTotals rt;
   if (sums != nullptr) {
-    d = per_sample_split_totals(sums, it.b, split.num_chunks, normalize).d;
+    rt = per_sample_split_totals(sums, it.b, split.num_chunks, lrow, V, normalize);
   } else {
     const PerSampleSums s = per_sample_warp_sums(row, lrow, 0, V, aligned);
-    d = row_totals(s.N, s.A, s.ok, normalize).d;
+    rt = row_totals<float>(s.N, row_log_total(s.A, lrow, V), s.ok, normalize);
+  }
+  const double d = rt.d;
+  if (rt.log_A == rt.log_A) {  // A out of range: warp-uniform, rare
+    per_sample_grad_scaled(g, row, lrow, it.v_begin, v_end, d, rt.log_A, grad_la + it.b * V);
+    return;
   }
   // Warp-uniform steps (the warp reduction inside); lanes past the end
   // compute on zeros and store nothing. Pointers to the lane's columns,

@@ -3,6 +3,7 @@
 // kernels' end of a block: its rows' sums and finish.
 #pragma once
 
+#include "alpha_prep.cuh"
 #include "row_chunks.cuh"
 #include "vector_loads.cuh"
 #include "warp_reduce.cuh"
@@ -37,12 +38,14 @@ __device__ __forceinline__ double warp_sum4_transposed(double v0, double v1, dou
 // the chunk's partial for finish_rows_kernel (write_row_result's layout: an
 // item is row * num_chunks + chunk). finish_row's float64 lgammas run once
 // per thread instead of once per warp: at 1024 columns a row's reductions
-// and finish were ~15% of the per-sample forward's instructions.
+// and finish were ~15% of the per-sample forward's instructions. log_alpha
+// (B, V): a finished row's log-sum-exp where its A is out of range.
 template <typename scalar_t>
 __device__ __forceinline__ void write_per_sample_rows(const RowSplit& split, int64_t B,
                                                       double acc, double N, double norm,
                                                       double A, bool ok, bool normalize,
-                                                      scalar_t* __restrict__ out,
+                                                      const scalar_t* __restrict__ log_alpha,
+                                                      int64_t V, scalar_t* __restrict__ out,
                                                       RowPartial* __restrict__ partial) {
   __shared__ double sums[kRowWarps][4];
   __shared__ bool sums_ok[kRowWarps];
@@ -57,7 +60,8 @@ __device__ __forceinline__ void write_per_sample_rows(const RowSplit& split, int
     const double* v = sums[threadIdx.x];
     const double a = sums_ok[threadIdx.x] ? v[0] : NAN;
     if (split.num_chunks == 1) {
-      out[item] = static_cast<scalar_t>(finish_row(a, v[1], v[2], v[3], normalize));
+      const double log_A = row_log_total(v[3], log_alpha + item * V, V);
+      out[item] = static_cast<scalar_t>(finish_row(a, v[1], v[2], log_A, normalize));
     } else {
       partial[item] = {a, v[1], v[2], v[3]};
     }
@@ -127,7 +131,7 @@ __global__ void __launch_bounds__(kRowWarps * 32)
       }
     }
   }
-  write_per_sample_rows(split, B, acc, N, norm, A, ok, normalize, out, partial);
+  write_per_sample_rows(split, B, acc, N, norm, A, ok, normalize, log_alpha, V, out, partial);
 }
 
 }  // namespace cuda

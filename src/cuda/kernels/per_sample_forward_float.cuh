@@ -298,7 +298,7 @@ __global__ void __launch_bounds__(kRowWarps * 32, 4)
       }
     }
   }
-  write_per_sample_rows(split, B, acc, N, norm, A, ok, normalize, out, partial);
+  write_per_sample_rows(split, B, acc, N, norm, A, ok, normalize, log_alpha, V, out, partial);
 }
 
 }  // namespace cuda

@@ -21,13 +21,13 @@ struct alignas(16) RowPartial {  // 16-byte loads in finish_rows_kernel
   double a;     // A for per-sample alpha
 };
 
-// The per-row terms that do not depend on the columns. A is NaN when a
-// concentration is not finite: every row is NaN then, empty rows too (for
-// which lnpoch(A, 0) would be 0).
-__device__ __forceinline__ double finish_row(double s, double N, double norm, double A,
+// The per-row terms that do not depend on the columns, from log A (See Note
+// [Log-space totals]). log A is NaN when a concentration is not finite:
+// every row is NaN then, empty rows too (for which lnpoch(A, 0) would be 0).
+__device__ __forceinline__ double finish_row(double s, double N, double norm, double log_A,
                                              bool normalize) {
-  if (A != A) return A;
-  double out = s - lnpoch<double>(A, log(A), N);
+  if (log_A != log_A) return log_A;
+  double out = s - lnpoch<double>(exp(log_A), log_A, N);
   if (normalize) out += log_factorial<double>(N) + norm;
   return out;
 }
@@ -65,18 +65,19 @@ __device__ __forceinline__ RowItem row_item(const RowSplit& split, int64_t B, in
   return {b, c, v_begin, min(V, v_begin + split.chunk_len), item < B * split.num_chunks};
 }
 
-// Lane 0's result for (row, chunk, component k of K): the finished value when
-// the row is one chunk, else the chunk's partial for finish_rows_kernel.
+// Lane 0's result for (row, chunk, component k of K) of shared alpha: the
+// finished value when the row is one chunk (log_A: the component's log
+// total), else the chunk's partial for finish_rows_kernel.
 template <typename scalar_t>
 __device__ __forceinline__ void write_row_result(const RowItem& it, const RowSplit& split, int K,
                                                  int k, double s, double N, double norm,
-                                                 double A, bool normalize,
+                                                 double log_A, bool normalize,
                                                  scalar_t* __restrict__ out,
                                                  RowPartial* __restrict__ partial) {
   if (split.num_chunks == 1) {
-    out[it.b * K + k] = static_cast<scalar_t>(finish_row(s, N, norm, A, normalize));
+    out[it.b * K + k] = static_cast<scalar_t>(finish_row(s, N, norm, log_A, normalize));
   } else {
-    partial[(it.b * split.num_chunks + it.c) * K + k] = {s, N, norm, A};
+    partial[(it.b * split.num_chunks + it.c) * K + k] = {s, N, norm, 0.0};
   }
 }
 
