@@ -250,12 +250,16 @@ DM_RARE_PATH double scaled_column_factor(scalar_t log_a, double log_A) {
 }
 
 // The total from log A (See Note [Log-space totals]): A = exp(log A), scaled
-// where A is out of the dtype's range. The same log A gives the same total
-// in every kernel.
+// where A is out of the dtype's range: below TotalRange's minimum or above
+// its largest finite value (a float32 total in double's range can exceed
+// float's, and its columns' a_v, float exps, are then infinite). The same
+// log A gives the same total in every kernel.
 template <typename scalar_t>
 __device__ __forceinline__ LogTotal log_total(double log_A) {
   const double A = exp(log_A);
-  return {A, log_A, total_out_of_range<scalar_t>(A)};
+  const double max_finite =
+      std::is_same_v<scalar_t, float> ? 0x1.fffffep127 : 0x1.fffffffffffffp1023;
+  return {A, log_A, total_out_of_range<scalar_t>(A) || A > max_finite};
 }
 
 }  // namespace cuda
