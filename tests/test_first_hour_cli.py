@@ -88,11 +88,16 @@ def test_criteria_advice():
     assert agree == ["Laplace, BIC and AIC all choose k = 3"]
     # structureless data without a prior: Laplace at the top, BIC/AIC at 1
     flat = criteria_advice({"laplace": 5, "bic": 1, "aic": 1}, ks, prior=False)
-    assert "trust BIC (k = 1)" in flat[0] and "--prior dmn" in flat[0] and len(flat) == 1
+    # which to trust, then why: two lines
+    assert "trust BIC (k = 1)" in flat[0] and len(flat) == 2
+    assert flat[1].startswith("why: without a prior") and "--prior dmn" in flat[1]
     # with the prior, Laplace is the one to use; at the top: widen the range
     prior = criteria_advice({"laplace": 5, "bic": 4, "aic": 5}, ks, prior=True)
-    assert "Laplace approximates the marginal likelihood" in prior[0]
-    assert "largest fitted" in prior[1] and "--k 5-9" in prior[1]
+    assert "trust Laplace (k = 5)" in prior[0]
+    assert "Laplace approximates the marginal likelihood" in prior[1]
+    assert "largest fitted" in prior[2] and "--k 5-9" in prior[2]
+    inside = criteria_advice({"laplace": 3, "bic": 2, "aic": 3}, ks, prior=True)
+    assert len(inside) == 2                     # interior: no range advice
     low = criteria_advice({"laplace": 3, "bic": 3, "aic": 3}, [3, 4, 5], prior=True)
     assert "smallest fitted" in low[1] and "--k 1-3" in low[1]
     top = criteria_advice({"laplace": 5, "bic": 5, "aic": 5}, [4, 5], prior=False)

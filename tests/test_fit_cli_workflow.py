@@ -1,6 +1,7 @@
 """The mixture workflow of ``dirmult-ext fit``: the thread count of small
 fits, the multinomial baseline, empty samples, 1-based positions in load
-errors, ``--k 1 --prior dmn`` and the digits' model-selection default."""
+errors, ``--k 1 --prior dmn``, ``--rows`` and the digits' model-selection
+default."""
 import re
 
 import numpy as np
@@ -208,3 +209,72 @@ def test_cli_k1_prior_dmn_is_applied(tmp_path, capsys):
     mle = dirmult_ext.fit(torch.from_numpy(x))
     # the prior pulls the concentrations, so this is not the plain DM fit
     assert not np.allclose(saved["log_alpha"][0], mle.log_alpha.numpy(), rtol=1e-9)
+
+
+# ---------------------------------------------------------------------------
+# --rows and the digits' model-selection default
+# ---------------------------------------------------------------------------
+def test_cli_rows_fits_a_seeded_subsample(tmp_path, capsys):
+    B, n, seed = 90, int(rng().integers(20, 60)), int(rng().integers(0, 1000))
+    x = dm_table(B=B, V=6)
+    np.save(tmp_path / "c.npy", x)
+    (tmp_path / "y.txt").write_text("\n".join(str(v) for v in rng().integers(0, 2, B)))
+    out = tmp_path / "r.npz"
+    assert fit_cli.main([str(tmp_path / "c.npy"), "--k", "2", "--rows", str(n), "--seed",
+                         str(seed), "--n-init", "1", "--labels", str(tmp_path / "y.txt"),
+                         "--out", str(out), "--device", "cpu"]) == 0
+    text = capsys.readouterr().out
+    assert (f"fitted to a random {n} of the {B} rows (--rows {n}, seed {seed}); the "
+            "classifier uses every row") in text
+    n_test = int(round(B * 0.25))
+    assert f"{B - n_test} train / {n_test} test rows" in text
+    idx = torch.randperm(B, generator=torch.Generator().manual_seed(seed))[:n].sort().values
+    saved = np.load(out)
+    assert saved["responsibilities"].shape == (n, 2)
+    assert saved["sample_names"].tolist() == [str(i + 1) for i in idx.tolist()]
+    ref = fit_mixture(torch.from_numpy(x)[idx].float(), 2, n_init=1, seed=seed)
+    np.testing.assert_allclose(saved["log_alpha"], ref.log_alpha.numpy(), rtol=1e-6)
+    # as many rows as the data has or more: every row, no subsample line
+    assert fit_cli.main([str(tmp_path / "c.npy"), "--rows", str(B + int(rng().integers(0, 9))),
+                         "--device", "cpu"]) == 0
+    assert "fitted to a random" not in capsys.readouterr().out
+    assert fit_cli.main([str(tmp_path / "c.npy"), "--rows", "0"]) == 2
+    assert "--rows must be >= 1" in capsys.readouterr().err
+    assert fit_cli.main([str(tmp_path / "c.npy"), "--k", "1-9", "--rows", "8"]) == 2
+    assert "--k 9 needs at least 9 samples, --rows keeps 8" in capsys.readouterr().err
+
+
+def test_digits_demo_ends_on_an_interior_k(capsys):
+    """The no-FILE run as shipped: the chosen k has a smaller and a larger k
+    fitted beside it, both worse by Laplace, the criterion it reports and
+    (with the prior) the one the advice trusts."""
+    assert fit_cli.main(["--device", "cpu"]) == 0
+    text = capsys.readouterr().out
+    assert "1797 rows x 64 categories" in text
+    assert fit_cli.DIGITS_ROWS < 1797
+    assert (f"fitted to a random {fit_cli.DIGITS_ROWS} of the 1797 rows "
+            f"(--rows {fit_cli.DIGITS_ROWS}, seed 0)") in text
+    assert "MAP under dmn's Gamma(0.1, 0.1) prior" in text
+    ks = fit_cli.parse_k(fit_cli.DIGITS_K)
+    rows = [ln.split() for ln in text.splitlines() if re.match(r"\s*\d+\s+-\d+\.\d\d ", ln)]
+    assert [int(r[0]) for r in rows] == ks, text
+    assert f"model selection, k = {', '.join(map(str, ks))} (MAP" in text
+    laplace = {int(r[0]): float(r[2].rstrip("*")) for r in rows}
+    chosen = int(re.search(r"chosen k = (\d+) \(Laplace\)", text).group(1))
+    assert min(ks) < chosen < max(ks), text
+    assert all(laplace[k] > laplace[chosen] for k in ks if k != chosen), text
+    assert "largest fitted" not in text and "smallest fitted" not in text
+    picks = re.search(r"chosen k by Laplace: (\d+), by BIC: (\d+), by AIC: (\d+)", text)
+    if len(set(picks.groups())) > 1:
+        assert f"trust Laplace (k = {chosen}), the chosen k\n  why: with the prior" in text
+    else:
+        assert f"Laplace, BIC and AIC all choose k = {chosen}" in text
+    assert f"{chosen}-component DM mixture" in text
+    assert re.search(r"adjusted Rand index of clusters vs labels: 0\.\d{4}", text)
+    every = re.search(r"\(every k: (.*)\)", text).group(1)
+    assert [int(c.split(":")[0]) for c in every.split(", ")] == ks
+    # the classifier comparison is on every row
+    assert "1348 train / 449 test rows, 10 classes" in text
+    acc = [float(line.split("accuracy")[1].split()[0]) for line in text.splitlines()
+           if "accuracy" in line]
+    assert len(acc) == 2 and all(a > 0.8 for a in acc), text

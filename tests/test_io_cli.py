@@ -201,28 +201,6 @@ def test_cli_errors(tmp_path, capsys):
     assert fit_cli.main([str(tmp_path / "ok.npy"), "--k", "0"]) == 2
 
 
-def test_cli_digits_default(capsys):
-    """The no-FILE run on the bundled digits (fewer restarts/iterations here)."""
-    assert fit_cli.main(["--n-init", "1", "--n-screen", "0", "--max-iter", "40",
-                         "--device", "cpu"]) == 0
-    text = capsys.readouterr().out
-    assert "1797 rows x 64 categories" in text
-    # model selection over k = 8..12: one table row per k, the chosen k fitted
-    rows = [ln.split() for ln in text.splitlines() if re.match(r"\s*\d+\s+-\d+\.\d\d ", ln)]
-    assert [int(r[0]) for r in rows] == [8, 9, 10, 11, 12], text
-    chosen = int(re.search(r"chosen k = (\d+) \(Laplace\)", text).group(1))
-    laplace = {int(r[0]): float(r[2].rstrip("*")) for r in rows}
-    assert chosen == min(laplace, key=laplace.get)
-    assert f"{chosen}-component DM mixture" in text and "baseline, one multinomial" in text
-    assert "adjusted Rand index" in text
-    assert ("the largest fitted" in text) == (chosen == 12)
-    every = re.search(r"\(every k: (.*)\)", text).group(1)
-    assert [int(c.split(":")[0]) for c in every.split(", ")] == [8, 9, 10, 11, 12]
-    acc = [float(line.split("accuracy")[1].split()[0]) for line in text.splitlines()
-           if "accuracy" in line]
-    assert len(acc) == 2 and all(a > 0.8 for a in acc), text
-
-
 @pytest.mark.parametrize("stored", [np.float32, np.float64, np.int64])
 def test_sparse_load_checks_name_the_entry_and_keep_the_stored_parts(tmp_path, stored):
     rng = np.random.default_rng()

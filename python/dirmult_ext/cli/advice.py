@@ -19,21 +19,22 @@ def criteria_advice(picks: Dict[str, int], ks: Sequence[int], prior: bool) -> Li
         trusted = lap
     elif prior:
         trusted = lap
-        lines.append(
-            f"the criteria disagree (Laplace k = {lap}, BIC k = {bic}, AIC k = {aic}): with "
-            "the prior, Laplace approximates the marginal likelihood (dmn's choice) and is "
-            "the one to use; BIC is its cruder large-sample form, and AIC, whose penalty "
-            "does not grow with the number of samples, targets prediction and picks more "
-            "components")
+        lines += [
+            f"the criteria disagree (Laplace k = {lap}, BIC k = {bic}, AIC k = {aic}): "
+            f"trust Laplace (k = {lap}), the chosen k",
+            "why: with the prior, Laplace approximates the marginal likelihood (dmn's "
+            "choice); BIC is its cruder large-sample form, and AIC, whose penalty does not "
+            "grow with the number of samples, targets prediction, not the number of groups"]
     else:
         trusted = bic
-        lines.append(
+        lines += [
             f"the criteria disagree (Laplace k = {lap}, BIC k = {bic}, AIC k = {aic}): "
-            f"trust BIC (k = {bic}) here. Without a prior the Laplace value has no prior "
-            "density to charge for each extra component's parameters, so it drifts to "
-            "larger k (on structureless data, the largest fitted); AIC's penalty does not "
-            "grow with the number of samples and picks more components. --prior dmn makes "
-            "Laplace an approximation of the marginal likelihood, as dmn uses it")
+            f"trust BIC (k = {bic}) here",
+            "why: without a prior, Laplace has no prior density to charge for each extra "
+            "component's parameters and drifts to larger k (on structureless data, the "
+            "largest fitted); AIC's penalty does not grow with the number of samples. "
+            "--prior dmn makes Laplace an approximation of the marginal likelihood, as dmn "
+            "uses it"]
     ks = sorted(ks)
     if len(ks) > 2 and trusted == ks[-1]:
         lines.append(f"k = {trusted} is the largest fitted: a larger k may fit better "
