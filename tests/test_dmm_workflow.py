@@ -1,6 +1,7 @@
 """The DM mixture workflow on files: table layouts with names, model
 selection from the CLI, the saved tables and the plots."""
 import csv
+import re
 import importlib.util
 
 import numpy as np
@@ -170,3 +171,24 @@ def test_cli_user_errors(tmp_path, capsys):
         assert fit_cli.main([str(tmp_path / "ok.npy")] + argv) == 2
         err = capsys.readouterr().err
         assert msg in err and "Traceback" not in err, err
+
+
+def test_cli_chooses_k_by_the_criterion_it_trusts(tmp_path, capsys):
+    """Without a prior the CLI chooses k by BIC (the criterion its advice
+    trusts there), with ``--criterion`` naming another."""
+    x, _, _ = separated_mixture(B=120, V=10, K=2, seed=int(torch.randint(0, 10**6, ())))
+    p = tmp_path / "c.csv"
+    np.savetxt(p, x.numpy().astype(int), fmt="%d", delimiter=",")
+    for extra in ([], ["--criterion", "laplace"], ["--criterion", "aic"]):
+        rc = fit_cli.main([str(p), "--k", "1-4", "--n-init", "1", "--device", "cpu", *extra])
+        text = capsys.readouterr().out
+        assert rc == 0, text
+        found = re.search(r"chosen k by Laplace: (\d+), by BIC: (\d+), by AIC: (\d+)", text)
+        by = dict(zip(("laplace", "bic", "aic"), map(int, found.groups())))
+        name = extra[1] if extra else "bic"
+        label = {"laplace": "Laplace", "bic": "BIC", "aic": "AIC"}[name]
+        chosen = int(re.search(rf"chosen k = (\d+) \({label}\)", text).group(1))
+        assert chosen == by[name], text
+        assert re.search(rf"^{chosen}-component DM mixture", text, re.M), text
+    with pytest.raises(SystemExit):
+        fit_cli.main([str(p), "--k", "1-2", "--criterion", "waic"])

@@ -101,6 +101,10 @@ def _parser() -> argparse.ArgumentParser:
                         "Gamma(0.1, 0.1) prior on each alpha (its criteria then match "
                         "dmn's; with --k 1 a one-component dmn fit); none: maximum "
                         f"likelihood (default; {DIGITS_PRIOR} for the digits)")
+    p.add_argument("--criterion", choices=["laplace", "bic", "aic"], default=None,
+                   help="the criterion that chooses k among several: default laplace with "
+                        "--prior dmn (it then approximates the marginal likelihood), bic "
+                        "without a prior (Laplace then drifts to larger k)")
     p.add_argument("--rows", type=int, default=None,
                    help="fit to a random N of the rows, drawn with --seed (the classifier "
                         "comparison of --labels keeps every row); default: every row, or "
@@ -185,7 +189,7 @@ def _check_options(args) -> None:
 def main(argv=None) -> int:
     """Run ``dirmult-ext fit``."""
     args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-    from ..models.criteria import multinomial_log_lik
+    from ..models.criteria import CRITERION_NAMES, multinomial_log_lik
     from ..models.baselines import multinomial_naive_bayes, train_test_split
     from ..models.fit import fit
     from ..data.io import load_count_table, load_labels
@@ -310,14 +314,15 @@ def main(argv=None) -> int:
                 else "MAP under dmn's Gamma(0.1, 0.1) prior")
         if len(ks) > 1:
             selection = fitted
-            m = selection.best
-            k = selection.best_k
+            criterion = _chosen_criterion(args)
+            k = selection.chosen(criterion)
+            m = selection[k]
             print(f"model selection, k = {format_k(ks)} ({what}, {args.n_init} runs from "
                   f"{max(args.n_screen, args.n_init)} seeds each, {dt:.2f} s); criteria as "
                   "DirichletMultinomial::dmn defines them (lower is better, half the usual "
                   "BIC/AIC scale; log-lik: the normalized pmf):")
             print(selection.format_table())
-            print(f"chosen k = {k} (Laplace)")
+            print(f"chosen k = {k} ({CRITERION_NAMES[criterion]})")
             from .advice import criteria_advice
             for line in criteria_advice({c: selection.chosen(c) for c in ("laplace", "bic",
                                                                           "aic")},
@@ -410,6 +415,11 @@ def main(argv=None) -> int:
     return 0
 
 
+def _chosen_criterion(args) -> str:
+    """--criterion, or its default: Laplace with a prior, BIC without."""
+    return args.criterion or ("laplace" if args.prior == "dmn" else "bic")
+
+
 def _save(args, params, mixture, selection, r, sample_names, feature_names) -> List[str]:
     """Write ``--out`` (and its plots); returns the paths written."""
     from .outputs import output_prefix, save_mixture
@@ -428,7 +438,8 @@ def _save(args, params, mixture, selection, r, sample_names, feature_names) -> L
         if args.plot:
             from ..integrations.plots import plot_component_heatmap, plot_criteria
             if selection is not None:
-                paths.append(plot_criteria(selection, prefix + "_criteria.png"))
+                paths.append(plot_criteria(selection, prefix + "_criteria.png",
+                                           criterion=_chosen_criterion(args)))
             paths.append(plot_component_heatmap(mixture, feature_names,
                                                 prefix + "_heatmap.png"))
     return paths

@@ -23,16 +23,18 @@ def require_matplotlib():
     return plt
 
 
-def plot_criteria(selection, path: str) -> str:
-    """Laplace, BIC and AIC against k (a ModelSelection), the chosen k
-    marked; a PNG at ``path``."""
+def plot_criteria(selection, path: str, criterion: str = "laplace") -> str:
+    """Laplace, BIC and AIC against k (a ModelSelection), the k chosen by
+    ``criterion`` (``laplace``, ``bic`` or ``aic``) marked; a PNG at ``path``."""
     plt = require_matplotlib()
     tab = selection.table()
     fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
     for name, label in (("laplace", "Laplace"), ("bic", "BIC"), ("aic", "AIC")):
         ax.plot(tab["k"], tab[name], marker="o", label=label)
-    ax.axvline(selection.best_k, color="grey", linestyle="--", linewidth=1,
-               label=f"chosen k = {selection.best_k} (Laplace)")
+    from ..models.criteria import CRITERION_NAMES
+    chosen = selection.chosen(criterion)
+    ax.axvline(chosen, color="grey", linestyle="--", linewidth=1,
+               label=f"chosen k = {chosen} ({CRITERION_NAMES[criterion]})")
     ax.set_xlabel("number of components k")
     ax.set_ylabel("criterion (dmn's scale, lower is better)")
     ax.set_xticks(tab["k"])

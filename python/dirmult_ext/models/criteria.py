@@ -43,7 +43,10 @@ import torch
 from torch import Tensor
 
 __all__ = ["DMN_PRIOR", "GammaPrior", "resolve_prior", "ModelSelection",
-           "multinomial_log_lik"]
+           "multinomial_log_lik", "CRITERION_NAMES"]
+
+#: The criteria a model selection chooses k by, as the output names them.
+CRITERION_NAMES = {"laplace": "Laplace", "bic": "BIC", "aic": "AIC"}
 
 
 @dataclass(frozen=True)
