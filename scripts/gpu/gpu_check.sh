@@ -115,6 +115,8 @@ if has sanitize; then
     "$PY" "$REPO/scripts/gpu/sparse_cases.py"
   run_stage sanitize "racecheck, CSR" compute-sanitizer --tool racecheck --error-exitcode 1 \
     "$PY" "$REPO/scripts/gpu/sparse_cases.py"
+  run_stage sanitize "memcheck, extreme log_alpha" compute-sanitizer --tool memcheck \
+    --error-exitcode 1 "$PY" "$REPO/scripts/gpu/extreme_cases.py"
   unset PYTORCH_NO_CUDA_MEMORY_CACHING
 fi
 if has multigpu; then
