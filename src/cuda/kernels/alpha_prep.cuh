@@ -27,7 +27,9 @@ struct alignas(4 * sizeof(T)) ColumnAlpha {
 // Apart holds per component 2 nblk doubles: the slices' sums of alpha, then
 // the slices' log-sum-exps of log_alpha, written only for a slice whose sum
 // leaves the dtype's exp range (See Note [Log-space totals]).
-__host__ __device__ constexpr int64_t apart_stride(int nblk) { return 2 * static_cast<int64_t>(nblk); }
+__host__ __device__ constexpr int64_t apart_stride(int nblk) {
+  return 2 * static_cast<int64_t>(nblk);
+}
 
 constexpr int kPrepThreads = 256;
 // Partial totals per component; each is a fixed slice of columns, summed in
@@ -96,7 +98,8 @@ DM_RARE_PATH double log_total_of_parts(const double* __restrict__ part, int nblk
 
 // Slice `blk` of `nblk` of component k by the calling thread's group of
 // kPrepThreads threads (threads [g kPrepThreads, (g + 1) kPrepThreads) of
-// a block of kGroups groups): cols for its columns (kCols), and Apart[k * nblk + blk] = the
+// a block of kGroups groups): cols for its columns (kCols), and
+// Apart[k * apart_stride(nblk) + blk] = the
 // sum of alpha over the slice, NaN if any log_alpha in it is not finite.
 // Every thread of the block must call it (it syncs the block); a group
 // with !active does nothing else. The sum's order depends on the group's

@@ -145,7 +145,8 @@ __global__ void __launch_bounds__(kCsrRowsPerBlock * 32, csr_forward_min_blocks<
     csr_forward_table_kernel(const index_t* __restrict__ crow, const index_t* __restrict__ col,
                              const value_t* __restrict__ val, int64_t B, int64_t nnz, int64_t V,
                              int K, int Kt, const T* __restrict__ tab,
-                             const CsrColumn<T>* __restrict__ cols, const double* __restrict__ log_A,
+                             const CsrColumn<T>* __restrict__ cols,
+                             const double* __restrict__ log_A,
                              bool normalize, T* __restrict__ out) {
   __shared__ T log_fact[kTableWidth];
   if (threadIdx.x < kTableWidth) log_fact[threadIdx.x] = log_factorial(static_cast<T>(threadIdx.x));

@@ -63,8 +63,8 @@ __device__ __forceinline__ void forward_row_item(const RowItem& it, const count_
         if (kb + k >= K) continue;
         const double log_A =
             split.num_chunks == 1 ? alpha_log_total<scalar_t>(Apart, kb + k, nblk_alpha) : 0.0;
-        write_row_result(it, split, K, kb + k, row_ok ? acc[k] : NAN, N, norm, log_A, normalize, out,
-                         partial);
+        write_row_result(it, split, K, kb + k, row_ok ? acc[k] : NAN, N, norm, log_A, normalize,
+                         out, partial);
       }
     }
   }

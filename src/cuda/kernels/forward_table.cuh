@@ -38,8 +38,9 @@ struct TableRowWriter {
   // s: the lane's lnpoch sum; table_N its table counts (exact integers),
   // rare_N and norm its off-table counts and -log n! terms; ok: no bad count.
   // c: the chunk (with several, the partial's column).
-  __device__ __forceinline__ void add(const RowOut& o, double log_A, int64_t b, int64_t c, bool valid,
-                                      double s, int table_N, double rare_N, double norm, bool ok) {
+  __device__ __forceinline__ void add(const RowOut& o, double log_A, int64_t b, int64_t c,
+                                      bool valid, double s, int table_N, double rare_N,
+                                      double norm, bool ok) {
     const int lane = threadIdx.x & 31;
     s = warp_allsum(s);
     double N = static_cast<double>(__reduce_add_sync(0xffffffffu, table_N));

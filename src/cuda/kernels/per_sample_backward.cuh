@@ -116,7 +116,8 @@ __device__ __noinline__ void per_sample_grad_scaled(double g, const count_t* __r
     const float la = lrow[v];
     const double adp = static_cast<double>(adpoch(dm_exp(la), static_cast<float>(row[v])));
     const double f = exp(static_cast<double>(la) - log_A);
-    out[v] = g == 0.0 ? 0.0f : static_cast<float>(g * (adp - f * d));  // See Note [Zero-weight rows]
+    // (See Note [Zero-weight rows])
+    out[v] = g == 0.0 ? 0.0f : static_cast<float>(g * (adp - f * d));
   }
 }
 
