@@ -308,27 +308,42 @@ def test_single_pass_matches_forward_and_backward_ops(compute, normalize):
     assert ((g.double().cpu() - ref.cpu()).abs() / cols.clamp_min(1e-3)).max() < 20 * TOL[compute]
 
 
-def test_single_pass_serves_sums_without_the_column_sorted_copy(monkeypatch):
+@pytest.mark.parametrize("form", ["prepared", "torch_csr"])
+def test_single_pass_serves_sums_without_the_column_sorted_copy(monkeypatch, form):
+    import dirmult_ext.data.sparse_counts as counts_module
     import dirmult_ext.ops.csr as csr_module
     dense, la = _single_pass_case()
     calls = []
     build = csr_module.csc_parts
-    monkeypatch.setattr(csr_module, "csc_parts", lambda *a: calls.append(1) or build(*a))
+
+    def counted(*args):
+        calls.append(1)
+        return build(*args)
+    for module in (csr_module, counts_module):
+        monkeypatch.setattr(module, "csc_parts", counted)
     sc = SparseCounts.from_dense(dense)
+    counts = sc if form == "prepared" else dense.to_sparse_csr()
+    if form == "torch_csr":
+        sc = counts_module.as_sparse_counts(counts)
     leaf = la.clone().requires_grad_(True)
-    out = dirmult_ext.log_lik(sc, leaf)
+    out = dirmult_ext.log_lik(counts, leaf)
     g_sum = torch.autograd.grad(out.sum(), leaf)[0]
-    g_scaled = torch.autograd.grad(3.0 * dirmult_ext.log_lik(sc, leaf).sum(), leaf)[0]
+    g_scaled = torch.autograd.grad(3.0 * dirmult_ext.log_lik(counts, leaf).sum(), leaf)[0]
     assert calls == [] and sc._csc is None
     _, direct = ops.log_lik_csr_with_grad(sc.crow_indices, sc.col_indices, sc.values, la)
     assert torch.equal(g_sum, direct) and torch.equal(g_scaled, 3.0 * direct)
-    # A weighted sum takes the backward op, over the copy built then.
+    # A weighted sum takes the backward op, over the copy built then and kept.
     w = torch.rand(dense.shape[0])
-    g_w = torch.autograd.grad((dirmult_ext.log_lik(sc, leaf) * w).sum(), leaf)[0]
-    assert calls == [1]
+    g_w = torch.autograd.grad((dirmult_ext.log_lik(counts, leaf) * w).sum(), leaf)[0]
+    assert calls == [1] and sc._csc is not None
     ptr, rows, vals = build(sc.crow_indices, sc.col_indices, sc.values, la.shape[0])
     assert torch.equal(g_w, ops.log_lik_csr_backward(w, sc.crow_indices, sc.values, ptr, rows,
                                                      vals, la))
+    w2 = torch.rand(dense.shape[0])
+    g_w2 = torch.autograd.grad((dirmult_ext.log_lik(counts, leaf) * w2).sum(), leaf)[0]
+    assert calls == [1]
+    assert torch.equal(g_w2, ops.log_lik_csr_backward(w2, sc.crow_indices, sc.values, ptr, rows,
+                                                      vals, la))
 
 
 def test_single_pass_bitwise_deterministic_and_thread_independent():

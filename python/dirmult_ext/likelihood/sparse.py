@@ -88,7 +88,7 @@ def log_lik(counts, log_alpha: Optional[Tensor] = None, alpha: Optional[Tensor] 
                                       normalize, sc.csc())
     if single_pass_applies(sc.values, log_alpha, sc.shape[0]):
         return CsrSinglePass.apply(sc.crow_indices, sc.col_indices, sc.values, log_alpha,
-                                    normalize)
+                                    normalize, sc.csc)
     _keep_csc(sc, log_alpha)
     return ops.log_lik_csr(sc.crow_indices, sc.col_indices, sc.values, log_alpha, normalize)
 

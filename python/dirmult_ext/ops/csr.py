@@ -134,17 +134,22 @@ class CsrSinglePass(torch.autograd.Function):
     """log_lik_csr whose forward also computes the gradient of the rows'
     sum; a backward whose incoming gradient is one number for every row (a
     sum, as its strides show) returns that number times it, any other runs
-    the backward op over the column-sorted copy (built then)."""
+    the backward op over the column-sorted copy. ``csc``: the matrix's
+    ``SparseCounts.csc``, called there, so that the copy is built on the
+    first such backward and kept for the next (else built every time)."""
 
     @staticmethod
-    def forward(ctx, crow, col, values, log_alpha, normalize):
+    def forward(ctx, crow, col, values, log_alpha, normalize, csc=None):
         out, ctx.grad_of_sum = ops.log_lik_csr_with_grad.default(crow, col, values, log_alpha,
                                                                   normalize)
         ctx.save_for_backward(crow, col, values, log_alpha)
+        ctx.csc = csc
         return out
 
     @staticmethod
     def backward(ctx, grad):
         if is_uniform(grad) and not torch.is_grad_enabled():
-            return None, None, None, ctx.grad_of_sum * grad.reshape(-1)[0], None
-        return _csr_backward(ctx, grad)
+            return None, None, None, ctx.grad_of_sum * grad.reshape(-1)[0], None, None
+        if ctx.csc is not None:
+            ctx.csc()  # (kept by its owner, where _csr_backward's lookup finds it)
+        return _csr_backward(ctx, grad) + (None,)
