@@ -228,3 +228,44 @@ def test_sparse_load_checks_name_the_entry_and_keep_the_stored_parts(tmp_path, s
         scipy.sparse.save_npz(q, scipy.sparse.csr_matrix(b.astype(stored)))
         with pytest.raises(ValueError, match=match):
             load_counts(q, **kw)
+
+
+def test_sparse_load_checks_in_blocks_report_the_first_bad_value_and_all(tmp_path, monkeypatch):
+    """The checks go a block of stored values at a time: the error names the
+    first bad value of the first rule broken and counts that rule's bad
+    values over every block."""
+    from dirmult_ext.data import io
+    rng = np.random.default_rng()
+    x = (rng.poisson(2.0, size=(60, 11)) + 1.0) * (rng.random((60, 11)) < 0.5)
+    m = scipy.sparse.csr_matrix(x)
+    monkeypatch.setattr(io, "CHECK_BLOCK", int(rng.integers(3, 9)))
+    nnz = m.nnz
+    at = np.sort(rng.choice(np.arange(nnz // 3, nnz), size=4, replace=False))
+    bad = m.copy()
+    bad.data[at[0]], bad.data[at[2]] = 2.5, 3.5              # non-integer, earliest
+    bad.data[at[1]], bad.data[at[3]] = -1.0, np.inf          # negative, then non-finite
+    p = tmp_path / "bad.npz"
+    scipy.sparse.save_npz(p, bad)
+    row = int(np.searchsorted(m.indptr, at[3], side="right")) - 1
+    with pytest.raises(ValueError, match=rf"non-finite value inf at row {row + 1}, column "
+                       rf"{m.indices[at[3]] + 1} \(1 in all\)"):
+        load_counts(p, require_integer=True)
+    bad.data[at[3]] = -4.0
+    scipy.sparse.save_npz(p, bad)
+    row = int(np.searchsorted(m.indptr, at[1], side="right")) - 1
+    with pytest.raises(ValueError, match=rf"negative count -1.0 at row {row + 1}, column "
+                       rf"{m.indices[at[1]] + 1} \(2 in all\)"):
+        load_counts(p, require_integer=True)
+    bad.data[at[1]] = bad.data[at[3]] = 7.0
+    scipy.sparse.save_npz(p, bad)
+    row = int(np.searchsorted(m.indptr, at[0], side="right")) - 1
+    with pytest.raises(ValueError, match=rf"non-integer count 2.5 at row {row + 1}, column "
+                       rf"{m.indices[at[0]] + 1} \(2 in all\)"):
+        load_counts(p, require_integer=True)
+    ok = load_counts(p)                                      # fractions allowed
+    np.testing.assert_array_equal(ok.to_dense().numpy(), bad.toarray())
+    big = m.copy()
+    big.data[at[2]] = 2.0 ** 25
+    scipy.sparse.save_npz(p, big)
+    with pytest.raises(ValueError, match="exceed 2\\^24"):
+        load_counts(p)

@@ -250,12 +250,14 @@ def main(argv=None) -> int:
         return 2
 
     B, V = counts.shape
+    # (no copy of the counts: the totals accumulate in float64 as they read)
     if isinstance(counts, Tensor):
-        N = counts.to(torch.float64).sum(-1)
-        zeros = float((counts == 0).double().mean())
+        N = counts.sum(-1, dtype=torch.float64)
+        nonzero = int(torch.count_nonzero(counts))
     else:
         N = counts.row_totals()
-        zeros = 1.0 - int((counts.values != 0).sum()) / max(B * V, 1)
+        nonzero = int(torch.count_nonzero(counts.values))
+    zeros = 1.0 - nonzero / max(B * V, 1)
     print(f"data: {source}" + (" (samples in columns: transposed)" if transposed else ""))
     print(f"  {B} rows x {V} categories, {int(N.sum())} counts, row totals "
           f"{int(N.min())}..{int(N.max())}, {zeros:.1%} zeros")
@@ -270,13 +272,14 @@ def main(argv=None) -> int:
         g = torch.Generator().manual_seed(args.seed)
         idx = torch.randperm(B, generator=g)[:n_fit].sort().values
         counts = counts[idx]
+        N = N[idx]
         labels = None if labels is None else labels[idx]
         sample_names = [sample_names[i] for i in idx.tolist()]
         print(f"  fitted to a random {n_fit} of the {B} rows (--rows {n_fit}, seed "
               f"{args.seed})" + ("; the classifier uses every row" if labels is not None
                                  else ""))
         B = n_fit
-    base_ll = multinomial_log_lik(counts)
+    base_ll = multinomial_log_lik(counts, N)
     params = {}
     mixture = selection = None
     t0 = time.perf_counter()

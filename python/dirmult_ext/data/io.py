@@ -54,6 +54,8 @@ from .errors import CountFileError
 
 
 _EXACT_FLOAT32 = 2 ** 24
+#: Stored values per block of the loading checks.
+CHECK_BLOCK = 1 << 20
 
 
 def _suffix(path: str) -> str:
@@ -324,26 +326,34 @@ def _load_sparse(path: str, dtype: torch.dtype, require_integer: bool, m, where)
     if not (np.issubdtype(m.dtype, np.number) or m.dtype == np.bool_) or \
             np.iscomplexobj(m.data):
         raise ValueError(f"{path}: expected real numeric counts, got dtype {m.dtype}")
-    # The checks read the values in their stored dtype, one boolean mask at a
-    # time, and find a bad value's row from the row offsets: beside the
-    # matrix, at most a byte per stored value (Note [Host memory of a sparse fit]).
+    # The checks read the values in their stored dtype, a block at a time,
+    # and find a bad value's row from the row offsets: beside the matrix,
+    # temporaries of one block (Note [Host memory of a sparse fit]).
     data = m.data
     floating = np.issubdtype(data.dtype, np.floating)
-    checks = [(lambda: np.isfinite(data), "non-finite value", floating),
-              (lambda: data >= 0, "negative count", data.dtype != np.bool_),
-              (lambda: data == np.floor(data), "non-integer count", floating and require_integer)]
-    for ok_of, what, needed in checks:
-        if not needed:
-            continue
-        ok = ok_of()
-        if not ok.all():
-            j = int(np.argmin(ok))
+    rules = [(np.isfinite, "non-finite value", floating),
+             (lambda b: b >= 0, "negative count", data.dtype != np.bool_),
+             (lambda b: b == np.floor(b), "non-integer count", floating and require_integer)]
+    rules = [(ok_of, what) for ok_of, what, needed in rules if needed]
+    first, n_bad, top = [-1] * len(rules), [0] * len(rules), None
+    for s in range(0, data.size, CHECK_BLOCK):
+        b = data[s:s + CHECK_BLOCK]
+        for i, (ok_of, _) in enumerate(rules):
+            ok = ok_of(b)
+            n_ok = int(np.count_nonzero(ok))
+            if n_ok < ok.size:
+                if first[i] < 0:
+                    first[i] = s + int(np.argmin(ok))
+                n_bad[i] += ok.size - n_ok
+        top = b.max() if top is None else max(top, b.max())
+    for i, (_, what) in enumerate(rules):  # (the rules in order: the first one broken)
+        if first[i] >= 0:
+            j = first[i]
             row = int(np.searchsorted(m.indptr, j, side="right")) - 1
             raise ValueError(f"{path}: {what} {float(data[j])} at {where(row, m.indices[j])} "
-                             f"({int(ok.size - np.count_nonzero(ok))} in all)")
-        del ok
-    if dtype == torch.float32 and data.size and float(data.max()) > _EXACT_FLOAT32:
-        raise ValueError(f"{path}: counts up to {float(data.max()):.0f} exceed 2^24 and are "
+                             f"({n_bad[i]} in all)")
+    if dtype == torch.float32 and top is not None and float(top) > _EXACT_FLOAT32:
+        raise ValueError(f"{path}: counts up to {float(top):.0f} exceed 2^24 and are "
                          "not exact in float32; pass dtype=torch.float64")
     # (no copy when the file stores the values in that dtype)
     m.data = data.astype(np.float32 if dtype == torch.float32 else np.float64, copy=False)

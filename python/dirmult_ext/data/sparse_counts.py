@@ -329,15 +329,20 @@ class SparseCounts:
 
     def row_totals(self) -> Tensor:
         """N_b, the rows' count totals, in float64 (on the CPU a block of
-        rows at a time: the temporaries stay a fixed size)."""
-        blocks = ([(0, self.shape[0])] if self.device.type != "cpu" or self.nnz <= ROW_BLOCK_NNZ
-                  else self.row_blocks())
-        out = torch.zeros(self.shape[0], dtype=torch.float64, device=self.device)
-        for s, e in blocks:
+        rows at a time: the temporaries stay a fixed size). Each row's values
+        are summed in their order, as a segment (no row index per value)."""
+        out = torch.empty(self.shape[0], dtype=torch.float64, device=self.device)
+        for s, e in self._host_blocks():
             b = self[s:e]
-            rows = value_rows(b.crow_indices, b.nnz)
-            out[s:e].index_add_(0, rows, b.values.double())
+            out[s:e] = torch.segment_reduce(b.values.double(), "sum", offsets=b.crow_indices)
         return out
+
+    def _host_blocks(self):
+        """:meth:`row_blocks` on the CPU for a matrix of more than one block,
+        else the whole matrix as one."""
+        if self.device.type != "cpu" or self.nnz <= ROW_BLOCK_NNZ:
+            return [(0, self.shape[0])]
+        return self.row_blocks()
 
     def row_blocks(self, nnz_per_block: int = 0):
         """Row ranges ``[(s, e), ...]`` covering the rows in order, each
