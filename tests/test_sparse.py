@@ -999,7 +999,10 @@ def test_value_rows_equals_the_search_for_any_offsets():
         assert rows.dtype == torch.int64
         assert torch.equal(rows, row_of_nonzero(c, nnz).long())
         assert torch.equal(rows, torch.repeat_interleave(torch.arange(300), k))
+        narrow = value_rows(c, nnz, torch.int32)
+        assert narrow.dtype == torch.int32 and torch.equal(narrow.long(), rows)
     bad = crow.clone()
     bad[100] = bad[101] + 2                          # decreasing offsets (unchecked input)
     assert torch.equal(value_rows(bad, nnz), row_of_nonzero(bad, nnz))
+    assert torch.equal(value_rows(bad, nnz, torch.int32).long(), row_of_nonzero(bad, nnz))
     assert torch.equal(value_rows(crow, nnz - 1), row_of_nonzero(crow, nnz - 1))

@@ -19,7 +19,8 @@ from torch import Tensor
 
 from ..ops.csr import csc_parts, remember_csc, row_of_nonzero
 
-__all__ = ["SparseCounts", "as_sparse_counts", "is_sparse_input", "csr_tensor", "value_rows"]
+__all__ = ["SparseCounts", "as_sparse_counts", "is_sparse_input", "csr_tensor", "value_rows",
+           "offset_blocks"]
 
 INDEX_DTYPES = (torch.int32, torch.int64)
 # Components per call of the CUDA kernels (a grid dimension; the C++ checks it
@@ -48,19 +49,20 @@ def is_sparse_input(x) -> bool:
     return _is_scipy_sparse(x)
 
 
-def value_rows(crow: Tensor, nnz: int) -> Tensor:
-    """The row (int64) of each of ``nnz`` stored values, eagerly. On the CPU,
-    where the offsets are well formed (start at 0, never decrease, end at
-    ``nnz``: an O(B) check), each row's index repeated over its values,
-    O(nnz) and 2.5x faster at 1e7 values than ``row_of_nonzero``'s binary
+def value_rows(crow: Tensor, nnz: int, dtype: torch.dtype = torch.int64) -> Tensor:
+    """The row (``dtype``, default int64) of each of ``nnz`` stored values,
+    eagerly. On the CPU, where the offsets are well formed (start at 0, never
+    decrease, end at ``nnz``: an O(B) check), each row's index repeated over
+    its values (``repeat_interleave`` of the row lengths: no index per value
+    beside the result), O(nnz) and faster than ``row_of_nonzero``'s binary
     search, which is taken otherwise (any offsets, CUDA) and which the ops'
     traced code uses."""
     B = crow.shape[0] - 1
     if crow.device.type == "cpu" and B > 0 and nnz > 0:
         d = crow.diff()
         if int(crow[0]) == 0 and int(crow[-1]) == nnz and bool((d >= 0).all()):
-            return torch.repeat_interleave(torch.arange(B), d.long(), output_size=nnz)
-    return row_of_nonzero(crow, nnz)
+            return torch.repeat_interleave(d.to(dtype), output_size=nnz)
+    return row_of_nonzero(crow, nnz).to(dtype)
 
 
 def _kernel_values(values: Tensor) -> Tensor:
@@ -301,8 +303,8 @@ class SparseCounts:
     def proportions(self, N: Tensor) -> Tensor:
         """The rows' proportions n / N as a torch sparse CSR float64 tensor
         (rows with N = 0 stay empty)."""
-        rows = value_rows(self.crow_indices, self.nnz)
-        x = self.values.double() / N.clamp_min(1e-300)[rows]
+        rows = value_rows(self.crow_indices, self.nnz, self.crow_indices.dtype)
+        x = self.values.double() / N.clamp_min(1e-300).index_select(0, rows)
         return csr_tensor(self.crow_indices, self.col_indices, x, self.shape)
 
     def to_torch(self) -> Tensor:
@@ -323,7 +325,8 @@ class SparseCounts:
         csc_values (nnz,))`` the gradient reads, built once and kept."""
         if self._csc is None:
             self._csc = csc_parts(self.crow_indices, self.col_indices, self.values,
-                                  self.shape[1], value_rows(self.crow_indices, self.nnz))
+                                  self.shape[1], value_rows(self.crow_indices, self.nnz,
+                                                            self.crow_indices.dtype))
             remember_csc(self, self.crow_indices, self.col_indices, self.values, self._csc)
         return self._csc
 
@@ -332,14 +335,15 @@ class SparseCounts:
         rows at a time: the temporaries stay a fixed size). Each row's values
         are summed in their order, as a segment (no row index per value)."""
         out = torch.empty(self.shape[0], dtype=torch.float64, device=self.device)
-        for s, e in self._host_blocks():
+        for s, e in self.host_blocks():
             b = self[s:e]
             out[s:e] = torch.segment_reduce(b.values.double(), "sum", offsets=b.crow_indices)
         return out
 
-    def _host_blocks(self):
-        """:meth:`row_blocks` on the CPU for a matrix of more than one block,
-        else the whole matrix as one."""
+    def host_blocks(self):
+        """The row ranges in which a computation over the whole matrix goes:
+        :meth:`row_blocks` on the CPU, one range on another device (whose
+        temporaries are not host memory) or for a matrix of one block."""
         if self.device.type != "cpu" or self.nnz <= ROW_BLOCK_NNZ:
             return [(0, self.shape[0])]
         return self.row_blocks()
@@ -349,18 +353,24 @@ class SparseCounts:
         holding at most ``nnz_per_block`` (default ``ROW_BLOCK_NNZ``) stored
         values unless a single row holds more: the blocks in which the host
         computations go over a large matrix with bounded temporaries."""
-        step = nnz_per_block or ROW_BLOCK_NNZ
-        B = self.shape[0]
-        crow = self.crow_indices.cpu()
-        bounds, s = [], 0
-        while s < B:
-            limit = int(crow[s]) + step
-            e = int(torch.searchsorted(crow, torch.tensor(limit, dtype=crow.dtype),
-                                       right=True)) - 1
-            e = min(max(e, s + 1), B)
-            bounds.append((s, e))
-            s = e
-        return bounds
+        return offset_blocks(self.crow_indices, nnz_per_block or ROW_BLOCK_NNZ)
+
+
+def offset_blocks(offsets: Tensor, per_block: int):
+    """Ranges ``[(s, e), ...]`` covering the ``len(offsets) - 1`` segments
+    of CSR-style ``offsets`` in order, each holding at most ``per_block``
+    values unless a single segment holds more."""
+    B = offsets.shape[0] - 1
+    crow = offsets.cpu()
+    bounds, s = [], 0
+    while s < B:
+        limit = int(crow[s]) + per_block
+        e = int(torch.searchsorted(crow, torch.tensor(limit, dtype=crow.dtype),
+                                   right=True)) - 1
+        e = min(max(e, s + 1), B)
+        bounds.append((s, e))
+        s = e
+    return bounds
 
 
 def as_sparse_counts(x, *, validate: Optional[bool] = None) -> SparseCounts:

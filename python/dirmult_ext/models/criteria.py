@@ -209,7 +209,7 @@ def multinomial_log_lik(counts, row_totals: Optional[Tensor] = None) -> float:
     if isinstance(counts, SparseCounts):
         dev = counts.device
         blocks = ((b.values, b.col_indices, b) for b in
-                  (counts[s:e] for s, e in counts._host_blocks()))
+                  (counts[s:e] for s, e in counts.host_blocks()))
     else:
         dev = torch.device("cpu")
         step = max(1, (1 << 20) // max(V, 1))

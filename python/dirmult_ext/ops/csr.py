@@ -39,11 +39,11 @@ def csc_parts(crow: Tensor, col: Tensor, values: Tensor, V: int,
     ``rows``: the row of each value where the caller has it."""
     if rows is None:
         rows = row_of_nonzero(crow, col.shape[0])
-    perm = torch.argsort(col, stable=True)
-    sorted_col = col[perm]
+    sorted_col, perm = torch.sort(col, stable=True)
     bounds = torch.arange(V + 1, dtype=col.dtype, device=col.device)
     ptr = torch.searchsorted(sorted_col, bounds)
-    return ptr.to(crow.dtype), rows[perm].to(crow.dtype), values[perm]
+    del sorted_col
+    return ptr.to(crow.dtype), rows.to(crow.dtype)[perm], values[perm]
 
 
 # The column-sorted copy of a prepared matrix (SparseCounts.csc()), by id of
