@@ -298,3 +298,23 @@ def test_digits_demo_ends_on_an_interior_k(capsys):
     acc = [float(line.split("accuracy")[1].split()[0]) for line in text.splitlines()
            if "accuracy" in line]
     assert len(acc) == 2 and all(a > 0.8 for a in acc), text
+
+
+def test_baseline_on_a_host_thread_while_another_device_fits():
+    """For a fit off the CPU the baseline is computed on a host thread of
+    its own (the CLI asks for it after the fit); for a CPU fit at once, on
+    the calling thread. The same value either way."""
+    import threading
+    x = torch.from_numpy(rng().poisson(2.0, size=(50, 6)).astype(np.float64))
+    ran = []
+
+    def of(counts, N):
+        ran.append(threading.current_thread())
+        return multinomial_log_lik(counts, N)
+
+    N = x.sum(-1)
+    here = fit_cli._baseline(of, x, N, torch.device("cpu"))
+    assert here.done() and ran[-1] is threading.current_thread()
+    away = fit_cli._baseline(of, x, N, torch.device("cuda"))    # (nothing runs on it)
+    assert away.result() == here.result() == multinomial_log_lik(x)
+    assert ran[-1] is not threading.current_thread()

@@ -292,7 +292,20 @@ def is_sparse_file(path) -> bool:
     return False
 
 
-def _read_sparse(path: str, key: Optional[str]):
+def _exact_in_float32(values: np.ndarray) -> bool:
+    """Whether every value is a whole number in [0, 2^24], which float32
+    holds exactly (checked a block at a time)."""
+    if values.dtype.kind not in "iuf":
+        return False
+    for s in range(0, values.size, CHECK_BLOCK):
+        b = values[s:s + CHECK_BLOCK]
+        if not (b.min() >= 0 and b.max() <= _EXACT_FLOAT32
+                and (values.dtype.kind != "f" or np.array_equal(b, np.floor(b)))):
+            return False
+    return True
+
+
+def _read_sparse(path: str, key: Optional[str], dtype: torch.dtype = torch.float64):
     """The file as a scipy.sparse CSR matrix: sparse formats as stored, the
     others converted from their dense array."""
     import scipy.sparse
@@ -301,6 +314,12 @@ def _read_sparse(path: str, key: Optional[str]):
         if suf in (".mtx", ".mtx.gz"):
             import scipy.io
             m = scipy.io.mmread(path)
+            if (dtype == torch.float32 and scipy.sparse.issparse(m)
+                    and m.data.dtype.itemsize > 4 and _exact_in_float32(m.data)):
+                # The values as they will be kept, before the CSR conversion
+                # (which then copies 4 bytes a value, not 8): exact, so every
+                # check after sees the file's values.
+                m.data = m.data.astype(np.float32)
         elif suf == ".h5ad":
             from .h5ad import read_matrix
             m = read_matrix(path, key)
@@ -445,7 +464,7 @@ def load_count_table(path, *, dtype: torch.dtype = torch.float32, key: Optional[
             import scipy.sparse
             arr = scipy.sparse.csr_matrix(arr)
     elif sparse:
-        arr = _read_sparse(path, key)
+        arr = _read_sparse(path, key, dtype)
     else:
         arr = np.asarray(_read_any(path, key))
     if suf == ".h5ad":
