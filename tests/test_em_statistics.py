@@ -9,6 +9,7 @@ import math
 
 import pytest
 import torch
+from torch import Tensor
 
 from dirmult_ext.data.sparse_counts import SparseCounts
 from dirmult_ext.likelihood.log_lik import log_lik, log_lik_components
@@ -327,3 +328,31 @@ def test_pairs_on_the_cpu_index_in_int32(sparse):
                        for c, n in zip(pr.col, pr.cnt)])
     torch.testing.assert_close(got, ref, rtol=1e-14, atol=0)
     assert bool((pr.cnt > 0).all()) and int(pr.M.values().numel()) == int((x > 0).sum())
+
+
+def test_pairs_from_the_column_sorted_copy_are_the_sorts(monkeypatch):
+    """Where the column-sorted copy is kept (built a block of rows at a
+    time), the CPU's pairs come from it a block of columns at a time: the
+    same pairs, rows and order as one stable sort of every key."""
+    from dirmult_ext.data import sparse_counts
+    from dirmult_ext.ops.csr import csc_parts
+    g = torch.Generator().manual_seed(int(torch.randint(0, 2 ** 31, (1,))))
+    x = torch.poisson(torch.rand(150, 25, generator=g) * 3, generator=g)
+    x = x * (torch.rand(150, 25, generator=g) < 0.4)
+    x[3:9] = 0
+    monkeypatch.setattr(sparse_counts, "ROW_BLOCK_NNZ", int(torch.randint(4, 60, (1,))))
+    sc = SparseCounts.from_dense(x)
+    rows = engine.Rows(sc, None, torch.device("cpu"), None)
+    assert sc.kept_csc() is None
+    sorted_once = rows.pairs(sc, 0)
+    kept = sc.csc()
+    assert all(torch.equal(a, b) for a, b in zip(
+        kept, csc_parts(sc.crow_indices, sc.col_indices, sc.values, 25)))
+    rows._pairs.clear()
+    by_columns = rows.pairs(sc, 0)
+    for a, b in zip(sorted_once, by_columns):
+        if a.layout == torch.sparse_csr:
+            assert all(torch.equal(f(a), f(b)) for f in (
+                Tensor.crow_indices, Tensor.col_indices, Tensor.values))
+        else:
+            assert torch.equal(a, b)

@@ -17,7 +17,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from ..ops.csr import csc_parts, remember_csc, row_of_nonzero
+from ..ops.csr import csc_parts, csc_parts_in_blocks, remember_csc, row_of_nonzero
 
 __all__ = ["SparseCounts", "as_sparse_counts", "is_sparse_input", "csr_tensor", "value_rows",
            "offset_blocks"]
@@ -302,9 +302,15 @@ class SparseCounts:
 
     def proportions(self, N: Tensor) -> Tensor:
         """The rows' proportions n / N as a torch sparse CSR float64 tensor
-        (rows with N = 0 stay empty)."""
-        rows = value_rows(self.crow_indices, self.nnz, self.crow_indices.dtype)
-        x = self.values.double() / N.clamp_min(1e-300).index_select(0, rows)
+        (rows with N = 0 stay empty); on the CPU a block of rows at a time
+        (beside the result, a block's temporaries)."""
+        inv = N.clamp_min(1e-300)
+        x = torch.empty(self.nnz, dtype=torch.float64, device=self.device)
+        for s, e in self.host_blocks():
+            b = self[s:e]
+            j0 = int(self.crow_indices[s])
+            rows = value_rows(b.crow_indices, b.nnz, self.crow_indices.dtype)
+            x[j0:j0 + b.nnz] = b.values.double() / inv[s:e].index_select(0, rows)
         return csr_tensor(self.crow_indices, self.col_indices, x, self.shape)
 
     def to_torch(self) -> Tensor:
@@ -322,12 +328,20 @@ class SparseCounts:
 
     def csc(self) -> Tuple[Tensor, Tensor, Tensor]:
         """The column-sorted copy ``(csc_ptr (V + 1,), csc_rows (nnz,),
-        csc_values (nnz,))`` the gradient reads, built once and kept."""
+        csc_values (nnz,))`` the gradient reads, built once and kept (on the
+        CPU a block of rows at a time: beside the copy, a block's temporaries)."""
         if self._csc is None:
-            self._csc = csc_parts(self.crow_indices, self.col_indices, self.values,
-                                  self.shape[1], value_rows(self.crow_indices, self.nnz,
-                                                            self.crow_indices.dtype))
-            remember_csc(self, self.crow_indices, self.col_indices, self.values, self._csc)
+            crow, col, values, V = (self.crow_indices, self.col_indices, self.values,
+                                    self.shape[1])
+            blocks = self.host_blocks()
+            self._csc = (csc_parts_in_blocks(crow, col, values, V, blocks) if len(blocks) > 1
+                         else csc_parts(crow, col, values, V,
+                                        value_rows(crow, self.nnz, crow.dtype)))
+            remember_csc(self, crow, col, values, self._csc)
+        return self._csc
+
+    def kept_csc(self) -> Optional[Tuple[Tensor, Tensor, Tensor]]:
+        """:meth:`csc` if it has been built, else None."""
         return self._csc
 
     def row_totals(self) -> Tensor:

@@ -63,10 +63,18 @@ def fit_moments(sc: SparseCounts, wb: Tensor, N: Optional[Tensor] = None):
 
 
 def row_sq_norms(x: Tensor) -> Tensor:
-    """(b,) |x_b|^2 of the rows of a sparse CSR tensor x."""
-    x2 = torch.zeros(x.shape[0], dtype=x.dtype, device=x.device)
-    crow = x.crow_indices()
-    return x2.index_add_(0, value_rows(crow, x.values().numel(), crow.dtype), x.values() ** 2)
+    """(b,) |x_b|^2 of the rows of a sparse CSR tensor x. On the CPU each
+    row's squares summed as a segment, a block of rows at a time (the same
+    order as a row index per value with ``index_add_``, which CUDA takes)."""
+    crow, values = x.crow_indices(), x.values()
+    if x.device.type != "cpu":
+        x2 = torch.zeros(x.shape[0], dtype=x.dtype, device=x.device)
+        return x2.index_add_(0, value_rows(crow, values.numel(), crow.dtype), values ** 2)
+    x2 = torch.empty(x.shape[0], dtype=x.dtype)
+    for s, e in offset_blocks(crow, sparse_counts.ROW_BLOCK_NNZ):
+        j0, j1 = int(crow[s]), int(crow[e])
+        x2[s:e] = torch.segment_reduce(values[j0:j1] ** 2, "sum", offsets=crow[s:e + 1] - j0)
+    return x2
 
 
 def sq_distances(x: Tensor, centers: Tensor, x2: Optional[Tensor] = None) -> Tensor:
