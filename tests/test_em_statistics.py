@@ -9,6 +9,7 @@ import math
 
 import pytest
 import torch
+from torch import Tensor
 
 from dirmult_ext.data.sparse_counts import SparseCounts
 from dirmult_ext.likelihood.log_lik import log_lik, log_lik_components
@@ -268,3 +269,90 @@ def test_prepass_reusing_row_totals_equals_a_fresh_one(sparse):
                                    rtol=1e-13, atol=0)
     torch.testing.assert_close(rows.c, fresh_rows.c, rtol=0, atol=0)
     torch.testing.assert_close(rows.N, x.double().sum(-1), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("integer", [True, False])
+def test_sparse_prepass_in_blocks_gives_the_same_bits(monkeypatch, integer):
+    """On the CPU a large matrix's prepass goes a block of rows (of columns
+    for the moments) at a time: each row's and column's sums in the order of
+    its values, so the same bits as in one piece, and the float64 sums of
+    the dense matrix."""
+    from dirmult_ext.data import sparse_counts
+    from dirmult_ext.likelihood.sparse_stats import fit_moments
+    g = torch.Generator().manual_seed(int(torch.randint(0, 2 ** 31, (1,))))
+    x = torch.poisson(torch.rand(120, 30, generator=g) * 4, generator=g)
+    x = x * (torch.rand(120, 30, generator=g) < 0.4)
+    if not integer:
+        x = x * torch.rand(120, 30, generator=g, dtype=torch.float32) * 2
+    x[5] = 0                                                    # an empty row
+    w = torch.rand(120, 3, generator=g, dtype=torch.float64)
+    whole = fit_moments(SparseCounts.from_dense(x), w)
+    monkeypatch.setattr(sparse_counts, "ROW_BLOCK_NNZ", int(torch.randint(5, 40, (1,))))
+    sc = SparseCounts.from_dense(x)
+    assert len(sc.row_blocks()) > 10
+    blocked = fit_moments(sc, w)
+    for a, b in zip(whole, blocked):
+        assert torch.equal(a, b)
+    N, bad, sx, sx2, c = blocked
+    d = x.double()
+    assert torch.equal(N, d.sum(-1)) and int(bad) == 0
+    p = d / N.clamp_min(1e-300).unsqueeze(-1)
+    wp = w * (N > 0).unsqueeze(-1)
+    torch.testing.assert_close(sx, wp.T @ p, rtol=1e-13, atol=0)
+    torch.testing.assert_close(sx2, wp.T @ (p * p), rtol=1e-13, atol=0)
+    torch.testing.assert_close(c, torch.lgamma(N + 1) - torch.lgamma(d + 1).sum(-1),
+                               rtol=1e-13, atol=1e-12)
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_pairs_on_the_cpu_index_in_int32(sparse):
+    """The (column, count) pairs' row matrix takes int32 indices on the CPU
+    (no int64 per nonzero); its histograms are the sums of the weights of
+    the rows holding each pair, the same bits as with int64 indices."""
+    import warnings
+    g = torch.Generator().manual_seed(int(torch.randint(0, 2 ** 31, (1,))))
+    x = torch.poisson(torch.rand(80, 12, generator=g) * 3, generator=g)
+    x = x * (torch.rand(80, 12, generator=g) < 0.5)
+    counts = SparseCounts.from_dense(x) if sparse else x
+    rows = engine.Rows(counts, None, torch.device("cpu"), None)
+    pr = rows.pairs(counts, 0)
+    assert pr.M.crow_indices().dtype == pr.M.col_indices().dtype == torch.int32
+    w = torch.rand(80, 4, generator=g, dtype=torch.float64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        wide = torch.sparse_csr_tensor(pr.M.crow_indices().long(), pr.M.col_indices().long(),
+                                       pr.M.values(), pr.M.shape)
+        got = pr.M @ w
+        assert torch.equal(got, wide @ w)
+    ref = torch.stack([(w * ((x[:, int(c)] == n).double()).unsqueeze(-1)).sum(0)
+                       for c, n in zip(pr.col, pr.cnt)])
+    torch.testing.assert_close(got, ref, rtol=1e-14, atol=0)
+    assert bool((pr.cnt > 0).all()) and int(pr.M.values().numel()) == int((x > 0).sum())
+
+
+def test_pairs_from_the_column_sorted_copy_are_the_sorts(monkeypatch):
+    """Where the column-sorted copy is kept (built a block of rows at a
+    time), the CPU's pairs come from it a block of columns at a time: the
+    same pairs, rows and order as one stable sort of every key."""
+    from dirmult_ext.data import sparse_counts
+    from dirmult_ext.ops.csr import csc_parts
+    g = torch.Generator().manual_seed(int(torch.randint(0, 2 ** 31, (1,))))
+    x = torch.poisson(torch.rand(150, 25, generator=g) * 3, generator=g)
+    x = x * (torch.rand(150, 25, generator=g) < 0.4)
+    x[3:9] = 0
+    monkeypatch.setattr(sparse_counts, "ROW_BLOCK_NNZ", int(torch.randint(4, 60, (1,))))
+    sc = SparseCounts.from_dense(x)
+    rows = engine.Rows(sc, None, torch.device("cpu"), None)
+    assert sc.kept_csc() is None
+    sorted_once = rows.pairs(sc, 0)
+    kept = sc.csc()
+    assert all(torch.equal(a, b) for a, b in zip(
+        kept, csc_parts(sc.crow_indices, sc.col_indices, sc.values, 25)))
+    rows._pairs.clear()
+    by_columns = rows.pairs(sc, 0)
+    for a, b in zip(sorted_once, by_columns):
+        if a.layout == torch.sparse_csr:
+            assert all(torch.equal(f(a), f(b)) for f in (
+                Tensor.crow_indices, Tensor.col_indices, Tensor.values))
+        else:
+            assert torch.equal(a, b)

@@ -2,6 +2,7 @@
 fits, the multinomial baseline, empty samples, 1-based positions in load
 errors, ``--k 1 --prior dmn``, ``--rows`` and the digits' model-selection
 default."""
+import math
 import re
 
 import numpy as np
@@ -106,6 +107,25 @@ def test_multinomial_log_lik_matches_scipy():
     sc = dirmult_ext.SparseCounts.from_dense(t)
     assert multinomial_log_lik(sc) == pytest.approx(ref, rel=1e-12)
 
+
+
+def test_multinomial_log_lik_of_fractional_and_large_counts():
+    """Counts off the histogram (fractions, counts above HISTOGRAM_COUNTS)
+    take a log-gamma per value; the sum against float64 math.lgamma."""
+    from dirmult_ext.models import criteria
+    r = rng()
+    x = r.poisson(3.0, size=(30, 5)) * (r.random((30, 5)) < 0.6) + 0.0
+    x[::7] += r.random((5,)).round(3)
+    x[3, 2] = criteria.HISTOGRAM_COUNTS + r.integers(1, 100)
+    T = x.sum(0)
+    ref = math.fsum(math.lgamma(n + 1) for n in x.sum(1)) - math.fsum(
+        math.lgamma(v + 1) for v in x.ravel()) + math.fsum(
+        t * math.log(t / T.sum()) for t in T if t > 0)
+    t = torch.from_numpy(x)
+    assert multinomial_log_lik(t) == pytest.approx(ref, rel=1e-12)
+    assert multinomial_log_lik(dirmult_ext.SparseCounts.from_dense(t)) == pytest.approx(
+        ref, rel=1e-12)
+    assert multinomial_log_lik(t, t.sum(-1)) == multinomial_log_lik(t)
 
 def _number(text, before):
     return float(re.search(re.escape(before) + r" (-?[0-9.]+)", text).group(1))
@@ -278,3 +298,23 @@ def test_digits_demo_ends_on_an_interior_k(capsys):
     acc = [float(line.split("accuracy")[1].split()[0]) for line in text.splitlines()
            if "accuracy" in line]
     assert len(acc) == 2 and all(a > 0.8 for a in acc), text
+
+
+def test_baseline_on_a_host_thread_while_another_device_fits():
+    """For a fit off the CPU the baseline is computed on a host thread of
+    its own (the CLI asks for it after the fit); for a CPU fit at once, on
+    the calling thread. The same value either way."""
+    import threading
+    x = torch.from_numpy(rng().poisson(2.0, size=(50, 6)).astype(np.float64))
+    ran = []
+
+    def of(counts, N):
+        ran.append(threading.current_thread())
+        return multinomial_log_lik(counts, N)
+
+    N = x.sum(-1)
+    here = fit_cli._baseline(of, x, N, torch.device("cpu"))
+    assert here.done() and ran[-1] is threading.current_thread()
+    away = fit_cli._baseline(of, x, N, torch.device("cuda"))    # (nothing runs on it)
+    assert away.result() == here.result() == multinomial_log_lik(x)
+    assert ran[-1] is not threading.current_thread()

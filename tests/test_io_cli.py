@@ -228,3 +228,79 @@ def test_sparse_load_checks_name_the_entry_and_keep_the_stored_parts(tmp_path, s
         scipy.sparse.save_npz(q, scipy.sparse.csr_matrix(b.astype(stored)))
         with pytest.raises(ValueError, match=match):
             load_counts(q, **kw)
+
+
+def test_sparse_load_checks_in_blocks_report_the_first_bad_value_and_all(tmp_path, monkeypatch):
+    """The checks go a block of stored values at a time: the error names the
+    first bad value of the first rule broken and counts that rule's bad
+    values over every block."""
+    from dirmult_ext.data import io
+    rng = np.random.default_rng()
+    x = (rng.poisson(2.0, size=(60, 11)) + 1.0) * (rng.random((60, 11)) < 0.5)
+    m = scipy.sparse.csr_matrix(x)
+    monkeypatch.setattr(io, "CHECK_BLOCK", int(rng.integers(3, 9)))
+    nnz = m.nnz
+    at = np.sort(rng.choice(np.arange(nnz // 3, nnz), size=4, replace=False))
+    bad = m.copy()
+    bad.data[at[0]], bad.data[at[2]] = 2.5, 3.5              # non-integer, earliest
+    bad.data[at[1]], bad.data[at[3]] = -1.0, np.inf          # negative, then non-finite
+    p = tmp_path / "bad.npz"
+    scipy.sparse.save_npz(p, bad)
+    row = int(np.searchsorted(m.indptr, at[3], side="right")) - 1
+    with pytest.raises(ValueError, match=rf"non-finite value inf at row {row + 1}, column "
+                       rf"{m.indices[at[3]] + 1} \(1 in all\)"):
+        load_counts(p, require_integer=True)
+    bad.data[at[3]] = -4.0
+    scipy.sparse.save_npz(p, bad)
+    row = int(np.searchsorted(m.indptr, at[1], side="right")) - 1
+    with pytest.raises(ValueError, match=rf"negative count -1.0 at row {row + 1}, column "
+                       rf"{m.indices[at[1]] + 1} \(2 in all\)"):
+        load_counts(p, require_integer=True)
+    bad.data[at[1]] = bad.data[at[3]] = 7.0
+    scipy.sparse.save_npz(p, bad)
+    row = int(np.searchsorted(m.indptr, at[0], side="right")) - 1
+    with pytest.raises(ValueError, match=rf"non-integer count 2.5 at row {row + 1}, column "
+                       rf"{m.indices[at[0]] + 1} \(2 in all\)"):
+        load_counts(p, require_integer=True)
+    ok = load_counts(p)                                      # fractions allowed
+    np.testing.assert_array_equal(ok.to_dense().numpy(), bad.toarray())
+    big = m.copy()
+    big.data[at[2]] = 2.0 ** 25
+    scipy.sparse.save_npz(p, big)
+    with pytest.raises(ValueError, match="exceed 2\\^24"):
+        load_counts(p)
+
+
+@pytest.mark.parametrize("field", ["integer", "real"])
+def test_mtx_values_narrowed_before_the_csr_conversion_only_when_exact(tmp_path, field):
+    """A Matrix Market file's values go to float32 before its COO entries
+    become CSR only where float32 holds them exactly (whole, 0..2^24): the
+    loaded counts and every check then see the file's values."""
+    from dirmult_ext.data import io
+    rng = np.random.default_rng()
+    x = rng.poisson(3.0, size=(40, 9)) * (rng.random((40, 9)) < 0.4)
+    x[0, 0] = 2 ** 24                                 # the largest exact count
+    m = scipy.sparse.coo_matrix(x.astype(np.int64 if field == "integer" else np.float64))
+    scipy.io.mmwrite(str(tmp_path / "x.mtx"), m, field=field)
+    assert io._exact_in_float32(scipy.io.mmread(str(tmp_path / "x.mtx")).data)
+    sc = load_counts(tmp_path / "x.mtx", require_integer=True)
+    assert sc.values.dtype == torch.float32
+    np.testing.assert_array_equal(sc.to_dense().numpy(), x)
+    i, j = int(rng.integers(1, 40)), int(rng.integers(0, 9))
+    for value, match in [(2 ** 24 + 1, "exceed 2\\^24"), (-3, "negative count -3.0 at row "
+                                                            f"{i + 1}, column {j + 1}")] + (
+            [(2.5, f"non-integer count 2.5 at row {i + 1}, column {j + 1}")]
+            if field == "real" else []):
+        bad = x.astype(np.float64)
+        bad[i, j] = value
+        m = scipy.sparse.coo_matrix(bad.astype(np.int64) if field == "integer" else bad)
+        scipy.io.mmwrite(str(tmp_path / "bad.mtx"), m, field=field)
+        assert not io._exact_in_float32(scipy.io.mmread(str(tmp_path / "bad.mtx")).data)
+        with pytest.raises(ValueError, match=match):
+            load_counts(tmp_path / "bad.mtx", require_integer=True)
+    big = x.astype(np.int64)
+    big[i, j] = 2 ** 24 + 1                            # kept exact in float64
+    scipy.io.mmwrite(str(tmp_path / "big.mtx"), scipy.sparse.coo_matrix(big), field=field)
+    sc = load_counts(tmp_path / "big.mtx", dtype=torch.float64)
+    assert sc.values.dtype == torch.float64
+    np.testing.assert_array_equal(sc.to_dense().numpy(), big)

@@ -987,7 +987,10 @@ def test_row_blocks_and_blocked_host_sums(monkeypatch):
     x[[10, 11, 80]] = 0
     x[0, 0] += 1
     sc = SparseCounts.from_dense(x)
+    from dirmult_ext.likelihood.sparse_stats import row_sq_norms
     whole_ll, whole_N = multinomial_log_lik(sc), sc.row_totals()
+    whole_x = sc.proportions(whole_N)
+    whole_x2 = row_sq_norms(whole_x)
     monkeypatch.setattr(sparse, "ROW_BLOCK_NNZ", 17)
     blocks = sc.row_blocks()
     assert blocks[0][0] == 0 and blocks[-1][1] == 157 and len(blocks) > 10
@@ -997,7 +1000,13 @@ def test_row_blocks_and_blocked_host_sums(monkeypatch):
         assert int(crow[e] - crow[s]) <= 17 or e - s == 1
     assert torch.equal(sc.row_totals(), whole_N)
     assert torch.equal(whole_N, x.double().sum(-1))
-    assert math.isclose(multinomial_log_lik(sc), whole_ll, rel_tol=1e-13)
+    props = sc.proportions(whole_N)
+    assert torch.equal(props.values(), whole_x.values())
+    assert torch.equal(row_sq_norms(props), whole_x2)
+    dense_x = x.double() / whole_N.clamp_min(1e-300).unsqueeze(-1)
+    assert torch.equal(props.to_dense(), dense_x)
+    torch.testing.assert_close(whole_x2, (dense_x * dense_x).sum(-1), rtol=1e-15, atol=0)
+    assert multinomial_log_lik(sc) == whole_ll     # (whole counts: exact sums)
     assert math.isclose(multinomial_log_lik(x), whole_ll, rel_tol=1e-12)
 
 
@@ -1014,7 +1023,10 @@ def test_value_rows_equals_the_search_for_any_offsets():
         assert rows.dtype == torch.int64
         assert torch.equal(rows, row_of_nonzero(c, nnz).long())
         assert torch.equal(rows, torch.repeat_interleave(torch.arange(300), k))
+        narrow = value_rows(c, nnz, torch.int32)
+        assert narrow.dtype == torch.int32 and torch.equal(narrow.long(), rows)
     bad = crow.clone()
     bad[100] = bad[101] + 2                          # decreasing offsets (unchecked input)
     assert torch.equal(value_rows(bad, nnz), row_of_nonzero(bad, nnz))
+    assert torch.equal(value_rows(bad, nnz, torch.int32).long(), row_of_nonzero(bad, nnz))
     assert torch.equal(value_rows(crow, nnz - 1), row_of_nonzero(crow, nnz - 1))

@@ -250,12 +250,14 @@ def main(argv=None) -> int:
         return 2
 
     B, V = counts.shape
+    # (no copy of the counts: the totals accumulate in float64 as they read)
     if isinstance(counts, Tensor):
-        N = counts.to(torch.float64).sum(-1)
-        zeros = float((counts == 0).double().mean())
+        N = counts.sum(-1, dtype=torch.float64)
+        nonzero = int(torch.count_nonzero(counts))
     else:
         N = counts.row_totals()
-        zeros = 1.0 - int((counts.values != 0).sum()) / max(B * V, 1)
+        nonzero = int(torch.count_nonzero(counts.values))
+    zeros = 1.0 - nonzero / max(B * V, 1)
     print(f"data: {source}" + (" (samples in columns: transposed)" if transposed else ""))
     print(f"  {B} rows x {V} categories, {int(N.sum())} counts, row totals "
           f"{int(N.min())}..{int(N.max())}, {zeros:.1%} zeros")
@@ -270,13 +272,14 @@ def main(argv=None) -> int:
         g = torch.Generator().manual_seed(args.seed)
         idx = torch.randperm(B, generator=g)[:n_fit].sort().values
         counts = counts[idx]
+        N = N[idx]
         labels = None if labels is None else labels[idx]
         sample_names = [sample_names[i] for i in idx.tolist()]
         print(f"  fitted to a random {n_fit} of the {B} rows (--rows {n_fit}, seed "
               f"{args.seed})" + ("; the classifier uses every row" if labels is not None
                                  else ""))
         B = n_fit
-    base_ll = multinomial_log_lik(counts)
+    baseline = _baseline(multinomial_log_lik, counts, N, device)
     params = {}
     mixture = selection = None
     t0 = time.perf_counter()
@@ -286,6 +289,7 @@ def main(argv=None) -> int:
         r = fit(counts, method=args.method, tol=tol, max_iter=args.max_iter,
                 batch_size=args.batch_size, progress=args.progress, device=device)
         dt = time.perf_counter() - t0
+        base_ll = baseline.result()
         print(f"Dirichlet-multinomial fit ({r.method}): log-likelihood {r.log_lik:.4f} "
               f"(normalized pmf), {r.n_iter} iterations, converged={r.converged}, {dt:.2f} s")
         bic, aic = -2 * r.log_lik + V * np.log(B), -2 * r.log_lik + 2 * V
@@ -310,6 +314,7 @@ def main(argv=None) -> int:
                              progress=args.progress, device=device,
                              batch_size=args.batch_size, prior=prior)
         dt = time.perf_counter() - t0
+        base_ll = baseline.result()
         what = ("maximum likelihood" if prior is None
                 else "MAP under dmn's Gamma(0.1, 0.1) prior")
         if len(ks) > 1:
@@ -413,6 +418,23 @@ def main(argv=None) -> int:
         print("results not saved (--out FILE.npz or --out DIR saves them)")
     print(f"total {time.perf_counter() - t_start:.2f} s")
     return 0
+
+
+def _baseline(of, counts, N, device: torch.device):
+    """The multinomial baseline ``of(counts, N)`` as a future: for a fit on
+    another device computed on a host thread while that device fits (the
+    host waits on it otherwise), for a CPU fit at once (it takes the cores
+    itself)."""
+    from concurrent.futures import Future, ThreadPoolExecutor
+    if device.type == "cpu":
+        done = Future()
+        done.set_result(of(counts, N))
+        return done
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dirmult-baseline")
+    try:
+        return pool.submit(of, counts, N)
+    finally:
+        pool.shutdown(wait=False)
 
 
 def _chosen_criterion(args) -> str:

@@ -54,6 +54,8 @@ from .errors import CountFileError
 
 
 _EXACT_FLOAT32 = 2 ** 24
+#: Stored values per block of the loading checks.
+CHECK_BLOCK = 1 << 20
 
 
 def _suffix(path: str) -> str:
@@ -290,7 +292,20 @@ def is_sparse_file(path) -> bool:
     return False
 
 
-def _read_sparse(path: str, key: Optional[str]):
+def _exact_in_float32(values: np.ndarray) -> bool:
+    """Whether every value is a whole number in [0, 2^24], which float32
+    holds exactly (checked a block at a time)."""
+    if values.dtype.kind not in "iuf":
+        return False
+    for s in range(0, values.size, CHECK_BLOCK):
+        b = values[s:s + CHECK_BLOCK]
+        if not (b.min() >= 0 and b.max() <= _EXACT_FLOAT32
+                and (values.dtype.kind != "f" or np.array_equal(b, np.floor(b)))):
+            return False
+    return True
+
+
+def _read_sparse(path: str, key: Optional[str], dtype: torch.dtype = torch.float64):
     """The file as a scipy.sparse CSR matrix: sparse formats as stored, the
     others converted from their dense array."""
     import scipy.sparse
@@ -299,6 +314,12 @@ def _read_sparse(path: str, key: Optional[str]):
         if suf in (".mtx", ".mtx.gz"):
             import scipy.io
             m = scipy.io.mmread(path)
+            if (dtype == torch.float32 and scipy.sparse.issparse(m)
+                    and m.data.dtype.itemsize > 4 and _exact_in_float32(m.data)):
+                # The values as they will be kept, before the CSR conversion
+                # (which then copies 4 bytes a value, not 8): exact, so every
+                # check after sees the file's values.
+                m.data = m.data.astype(np.float32)
         elif suf == ".h5ad":
             from .h5ad import read_matrix
             m = read_matrix(path, key)
@@ -324,26 +345,34 @@ def _load_sparse(path: str, dtype: torch.dtype, require_integer: bool, m, where)
     if not (np.issubdtype(m.dtype, np.number) or m.dtype == np.bool_) or \
             np.iscomplexobj(m.data):
         raise ValueError(f"{path}: expected real numeric counts, got dtype {m.dtype}")
-    # The checks read the values in their stored dtype, one boolean mask at a
-    # time, and find a bad value's row from the row offsets: beside the
-    # matrix, at most a byte per stored value (Note [Host memory of a sparse fit]).
+    # The checks read the values in their stored dtype, a block at a time,
+    # and find a bad value's row from the row offsets: beside the matrix,
+    # temporaries of one block (Note [Host memory of a sparse fit]).
     data = m.data
     floating = np.issubdtype(data.dtype, np.floating)
-    checks = [(lambda: np.isfinite(data), "non-finite value", floating),
-              (lambda: data >= 0, "negative count", data.dtype != np.bool_),
-              (lambda: data == np.floor(data), "non-integer count", floating and require_integer)]
-    for ok_of, what, needed in checks:
-        if not needed:
-            continue
-        ok = ok_of()
-        if not ok.all():
-            j = int(np.argmin(ok))
+    rules = [(np.isfinite, "non-finite value", floating),
+             (lambda b: b >= 0, "negative count", data.dtype != np.bool_),
+             (lambda b: b == np.floor(b), "non-integer count", floating and require_integer)]
+    rules = [(ok_of, what) for ok_of, what, needed in rules if needed]
+    first, n_bad, top = [-1] * len(rules), [0] * len(rules), None
+    for s in range(0, data.size, CHECK_BLOCK):
+        b = data[s:s + CHECK_BLOCK]
+        for i, (ok_of, _) in enumerate(rules):
+            ok = ok_of(b)
+            n_ok = int(np.count_nonzero(ok))
+            if n_ok < ok.size:
+                if first[i] < 0:
+                    first[i] = s + int(np.argmin(ok))
+                n_bad[i] += ok.size - n_ok
+        top = b.max() if top is None else max(top, b.max())
+    for i, (_, what) in enumerate(rules):  # (the rules in order: the first one broken)
+        if first[i] >= 0:
+            j = first[i]
             row = int(np.searchsorted(m.indptr, j, side="right")) - 1
             raise ValueError(f"{path}: {what} {float(data[j])} at {where(row, m.indices[j])} "
-                             f"({int(ok.size - np.count_nonzero(ok))} in all)")
-        del ok
-    if dtype == torch.float32 and data.size and float(data.max()) > _EXACT_FLOAT32:
-        raise ValueError(f"{path}: counts up to {float(data.max()):.0f} exceed 2^24 and are "
+                             f"({n_bad[i]} in all)")
+    if dtype == torch.float32 and top is not None and float(top) > _EXACT_FLOAT32:
+        raise ValueError(f"{path}: counts up to {float(top):.0f} exceed 2^24 and are "
                          "not exact in float32; pass dtype=torch.float64")
     # (no copy when the file stores the values in that dtype)
     m.data = data.astype(np.float32 if dtype == torch.float32 else np.float64, copy=False)
@@ -435,7 +464,7 @@ def load_count_table(path, *, dtype: torch.dtype = torch.float32, key: Optional[
             import scipy.sparse
             arr = scipy.sparse.csr_matrix(arr)
     elif sparse:
-        arr = _read_sparse(path, key)
+        arr = _read_sparse(path, key, dtype)
     else:
         arr = np.asarray(_read_any(path, key))
     if suf == ".h5ad":

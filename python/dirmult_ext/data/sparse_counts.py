@@ -17,9 +17,10 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from ..ops.csr import csc_parts, remember_csc, row_of_nonzero
+from ..ops.csr import csc_parts, csc_parts_in_blocks, remember_csc, row_of_nonzero
 
-__all__ = ["SparseCounts", "as_sparse_counts", "is_sparse_input", "csr_tensor", "value_rows"]
+__all__ = ["SparseCounts", "as_sparse_counts", "is_sparse_input", "csr_tensor", "value_rows",
+           "offset_blocks"]
 
 INDEX_DTYPES = (torch.int32, torch.int64)
 # Components per call of the CUDA kernels (a grid dimension; the C++ checks it
@@ -48,19 +49,20 @@ def is_sparse_input(x) -> bool:
     return _is_scipy_sparse(x)
 
 
-def value_rows(crow: Tensor, nnz: int) -> Tensor:
-    """The row (int64) of each of ``nnz`` stored values, eagerly. On the CPU,
-    where the offsets are well formed (start at 0, never decrease, end at
-    ``nnz``: an O(B) check), each row's index repeated over its values,
-    O(nnz) and 2.5x faster at 1e7 values than ``row_of_nonzero``'s binary
+def value_rows(crow: Tensor, nnz: int, dtype: torch.dtype = torch.int64) -> Tensor:
+    """The row (``dtype``, default int64) of each of ``nnz`` stored values,
+    eagerly. On the CPU, where the offsets are well formed (start at 0, never
+    decrease, end at ``nnz``: an O(B) check), each row's index repeated over
+    its values (``repeat_interleave`` of the row lengths: no index per value
+    beside the result), O(nnz) and faster than ``row_of_nonzero``'s binary
     search, which is taken otherwise (any offsets, CUDA) and which the ops'
     traced code uses."""
     B = crow.shape[0] - 1
     if crow.device.type == "cpu" and B > 0 and nnz > 0:
         d = crow.diff()
         if int(crow[0]) == 0 and int(crow[-1]) == nnz and bool((d >= 0).all()):
-            return torch.repeat_interleave(torch.arange(B), d.long(), output_size=nnz)
-    return row_of_nonzero(crow, nnz)
+            return torch.repeat_interleave(d.to(dtype), output_size=nnz)
+    return row_of_nonzero(crow, nnz).to(dtype)
 
 
 def _kernel_values(values: Tensor) -> Tensor:
@@ -300,9 +302,15 @@ class SparseCounts:
 
     def proportions(self, N: Tensor) -> Tensor:
         """The rows' proportions n / N as a torch sparse CSR float64 tensor
-        (rows with N = 0 stay empty)."""
-        rows = value_rows(self.crow_indices, self.nnz)
-        x = self.values.double() / N.clamp_min(1e-300)[rows]
+        (rows with N = 0 stay empty); on the CPU a block of rows at a time
+        (beside the result, a block's temporaries)."""
+        inv = N.clamp_min(1e-300)
+        x = torch.empty(self.nnz, dtype=torch.float64, device=self.device)
+        for s, e in self.host_blocks():
+            b = self[s:e]
+            j0 = int(self.crow_indices[s])
+            rows = value_rows(b.crow_indices, b.nnz, self.crow_indices.dtype)
+            x[j0:j0 + b.nnz] = b.values.double() / inv[s:e].index_select(0, rows)
         return csr_tensor(self.crow_indices, self.col_indices, x, self.shape)
 
     def to_torch(self) -> Tensor:
@@ -320,42 +328,63 @@ class SparseCounts:
 
     def csc(self) -> Tuple[Tensor, Tensor, Tensor]:
         """The column-sorted copy ``(csc_ptr (V + 1,), csc_rows (nnz,),
-        csc_values (nnz,))`` the gradient reads, built once and kept."""
+        csc_values (nnz,))`` the gradient reads, built once and kept (on the
+        CPU a block of rows at a time: beside the copy, a block's temporaries)."""
         if self._csc is None:
-            self._csc = csc_parts(self.crow_indices, self.col_indices, self.values,
-                                  self.shape[1], value_rows(self.crow_indices, self.nnz))
-            remember_csc(self, self.crow_indices, self.col_indices, self.values, self._csc)
+            crow, col, values, V = (self.crow_indices, self.col_indices, self.values,
+                                    self.shape[1])
+            blocks = self.host_blocks()
+            self._csc = (csc_parts_in_blocks(crow, col, values, V, blocks) if len(blocks) > 1
+                         else csc_parts(crow, col, values, V,
+                                        value_rows(crow, self.nnz, crow.dtype)))
+            remember_csc(self, crow, col, values, self._csc)
+        return self._csc
+
+    def kept_csc(self) -> Optional[Tuple[Tensor, Tensor, Tensor]]:
+        """:meth:`csc` if it has been built, else None."""
         return self._csc
 
     def row_totals(self) -> Tensor:
         """N_b, the rows' count totals, in float64 (on the CPU a block of
-        rows at a time: the temporaries stay a fixed size)."""
-        blocks = ([(0, self.shape[0])] if self.device.type != "cpu" or self.nnz <= ROW_BLOCK_NNZ
-                  else self.row_blocks())
-        out = torch.zeros(self.shape[0], dtype=torch.float64, device=self.device)
-        for s, e in blocks:
+        rows at a time: the temporaries stay a fixed size). Each row's values
+        are summed in their order, as a segment (no row index per value)."""
+        out = torch.empty(self.shape[0], dtype=torch.float64, device=self.device)
+        for s, e in self.host_blocks():
             b = self[s:e]
-            rows = value_rows(b.crow_indices, b.nnz)
-            out[s:e].index_add_(0, rows, b.values.double())
+            out[s:e] = torch.segment_reduce(b.values.double(), "sum", offsets=b.crow_indices)
         return out
+
+    def host_blocks(self):
+        """The row ranges in which a computation over the whole matrix goes:
+        :meth:`row_blocks` on the CPU, one range on another device (whose
+        temporaries are not host memory) or for a matrix of one block."""
+        if self.device.type != "cpu" or self.nnz <= ROW_BLOCK_NNZ:
+            return [(0, self.shape[0])]
+        return self.row_blocks()
 
     def row_blocks(self, nnz_per_block: int = 0):
         """Row ranges ``[(s, e), ...]`` covering the rows in order, each
         holding at most ``nnz_per_block`` (default ``ROW_BLOCK_NNZ``) stored
         values unless a single row holds more: the blocks in which the host
         computations go over a large matrix with bounded temporaries."""
-        step = nnz_per_block or ROW_BLOCK_NNZ
-        B = self.shape[0]
-        crow = self.crow_indices.cpu()
-        bounds, s = [], 0
-        while s < B:
-            limit = int(crow[s]) + step
-            e = int(torch.searchsorted(crow, torch.tensor(limit, dtype=crow.dtype),
-                                       right=True)) - 1
-            e = min(max(e, s + 1), B)
-            bounds.append((s, e))
-            s = e
-        return bounds
+        return offset_blocks(self.crow_indices, nnz_per_block or ROW_BLOCK_NNZ)
+
+
+def offset_blocks(offsets: Tensor, per_block: int):
+    """Ranges ``[(s, e), ...]`` covering the ``len(offsets) - 1`` segments
+    of CSR-style ``offsets`` in order, each holding at most ``per_block``
+    values unless a single segment holds more."""
+    B = offsets.shape[0] - 1
+    crow = offsets.cpu()
+    bounds, s = [], 0
+    while s < B:
+        limit = int(crow[s]) + per_block
+        e = int(torch.searchsorted(crow, torch.tensor(limit, dtype=crow.dtype),
+                                   right=True)) - 1
+        e = min(max(e, s + 1), B)
+        bounds.append((s, e))
+        s = e
+    return bounds
 
 
 def as_sparse_counts(x, *, validate: Optional[bool] = None) -> SparseCounts:

@@ -39,6 +39,7 @@ import math
 from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -184,42 +185,72 @@ class ModelSelection:
         return "\n".join(lines)
 
 
-def multinomial_log_lik(counts) -> float:
+#: Counts up to this have their log-factorials summed through a histogram
+#: of the counts (one log-gamma per distinct count, not per value).
+HISTOGRAM_COUNTS = 1 << 16
+
+
+def multinomial_log_lik(counts, row_totals: Optional[Tensor] = None) -> float:
     """Log-likelihood (normalized pmf) of a ``(B, V)`` count matrix (tensor
     or :class:`~dirmult_ext.SparseCounts`) under one multinomial at its MLE
     p = column totals / total: sum_b [log N_b! - sum_v log n_bv! + sum_v
     n_bv log p_v], the DM's limit as A = sum(alpha) -> infinity. Rows with
-    no counts add 0."""
+    no counts add 0. ``row_totals``: the N_b (float64), where the caller
+    has them already.
+
+    One read of the counts (sparse ones on their device, a block of rows at
+    a time on the CPU): the column totals T_v give sum_v T_v log p_v, and
+    whole counts up to :data:`HISTOGRAM_COUNTS` their log-factorials through
+    a histogram. With whole counts every sum over the values is exact and
+    the rest is summed by numpy: the result does not depend on the blocks,
+    the device or the thread count."""
     from ..data.sparse_counts import SparseCounts
+    B, V = counts.shape
     if isinstance(counts, SparseCounts):
-        return _sparse_multinomial_log_lik(counts)
-    c = counts.cpu().to(torch.float64)
-    vals, N, col_tot = c.reshape(-1), c.sum(-1), c.sum(0)
-    cols = torch.arange(c.shape[1]).repeat(c.shape[0])
-    total = float(col_tot.sum())
+        dev = counts.device
+        blocks = ((b.values, b.col_indices, b) for b in
+                  (counts[s:e] for s, e in counts.host_blocks()))
+    else:
+        dev = torch.device("cpu")
+        step = max(1, (1 << 20) // max(V, 1))
+        blocks = ((c.reshape(-1), None, c) for c in
+                  (counts[s:s + step].cpu() for s in range(0, B, step)))
+    col_tot = torch.zeros(V, dtype=torch.float64, device=dev)
+    hist = torch.zeros(0, dtype=torch.int64, device=dev)
+    lg_values = torch.zeros((), dtype=torch.float64, device=dev)
+    totals = []
+    for vals, cols, block in blocks:
+        v = vals.double()
+        if cols is None:
+            col_tot += block.sum(0, dtype=torch.float64)
+        else:
+            col_tot.index_add_(0, cols, v)
+        if row_totals is None:
+            totals.append(block.row_totals() if cols is not None
+                          else block.sum(-1, dtype=torch.float64))
+        if v.numel() == 0:
+            continue
+        lo, hi = torch.aminmax(v)
+        n = None
+        if float(lo) >= 0 and float(hi) <= HISTOGRAM_COUNTS:
+            n = vals.to(torch.int32)
+            n = n if torch.equal(n.to(vals.dtype), vals) else None
+        if n is None:
+            lg_values += torch.lgamma(v + 1).sum()
+            continue
+        h = torch.bincount(n)
+        if h.numel() > hist.numel():
+            hist = torch.cat([hist, hist.new_zeros(h.numel() - hist.numel())])
+        hist[:h.numel()] += h
+    N = torch.cat(totals) if row_totals is None else row_totals.to(dev, torch.float64)
+    # The sums over rows, columns and distinct counts in numpy's pairwise
+    # order: the same on any device and thread count.
+    T = col_tot.cpu().numpy()
+    total = np.sum(T)
     if total == 0:
         return 0.0
-    log_p = (col_tot / total).log()
-    kernel = torch.where(vals > 0, vals * log_p[cols], torch.zeros_like(vals))
-    return float(torch.lgamma(N + 1).sum() - torch.lgamma(vals + 1).sum() + kernel.sum())
-
-
-def _sparse_multinomial_log_lik(sc) -> float:
-    """:func:`multinomial_log_lik` of SparseCounts, on their device, a block
-    of rows at a time (bounded temporaries beside a large host matrix)."""
-    blocks = [sc[s:e] for s, e in sc.row_blocks()] if sc.device.type == "cpu" else [sc]
-    col_tot = torch.zeros(sc.shape[1], dtype=torch.float64, device=sc.device)
-    for b in blocks:
-        col_tot.index_add_(0, b.col_indices.long(), b.values.double())
-    total = float(col_tot.sum())
-    if total == 0:
-        return 0.0
-    log_p = (col_tot / total).log()
-    out = 0.0
-    for b in blocks:
-        vals = b.values.double()
-        kernel = torch.where(vals > 0, vals * log_p[b.col_indices.long()],
-                             torch.zeros_like(vals))
-        out += float(torch.lgamma(b.row_totals() + 1).sum() - torch.lgamma(vals + 1).sum()
-                     + kernel.sum())
-    return out
+    seen = T[T > 0]
+    log_fact = torch.lgamma(torch.arange(hist.numel(), dtype=torch.float64, device=dev) + 1)
+    return float(np.sum(torch.lgamma(N + 1).cpu().numpy())
+                 - np.sum((hist.double() * log_fact).cpu().numpy()) - float(lg_values)
+                 + np.sum(seen * np.log(seen / total)))

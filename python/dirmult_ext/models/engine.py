@@ -81,7 +81,8 @@ from .arg_checks import check_device
 from ..data.counts import as_counts
 from ..data.counts import RowSource
 from ..data.row_stream import auto_batch_size, matrix_bytes, stream_rows
-from ..data.sparse_counts import SparseCounts
+from ..data import sparse_counts
+from ..data.sparse_counts import SparseCounts, offset_blocks, value_rows
 from ..likelihood.sparse_stats import fit_moments
 from .progress import progress_bar
 
@@ -159,6 +160,29 @@ def _spmm(m: Tensor, x: Tensor) -> Tensor:
         return m @ x
 
 
+def _pairs_of_csc(csc, top: int, kd: torch.dtype, index: torch.dtype):
+    """The (column, count) keys ``column * top + count`` of the nonzeros in
+    sorted order, grouped (distinct keys, how many of each) with the rows
+    holding each key, from the column-sorted copy ``csc`` a block of columns
+    at a time: blocks of columns hold disjoint runs of keys, and a column's
+    rows are in increasing order there as in the rows' order, so a stable
+    sort per block gives the order of one stable sort of every key (Note
+    [Host memory of a sparse fit])."""
+    ptr, csc_rows, csc_values = csc
+    rows = torch.empty(csc_rows.shape[0], dtype=index)
+    keys, counts = [], []
+    for v0, v1 in offset_blocks(ptr, sparse_counts.ROW_BLOCK_NNZ):
+        j0, j1 = int(ptr[v0]), int(ptr[v1])
+        cols = torch.repeat_interleave(torch.arange(v0, v1, dtype=kd),
+                                       ptr[v0:v1 + 1].diff().long(), output_size=j1 - j0)
+        skey, perm = torch.sort(cols * top + csc_values[j0:j1].to(kd), stable=True)
+        k, n = torch.unique_consecutive(skey, return_counts=True)
+        keys.append(k)
+        counts.append(n)
+        rows[j0:j1] = csc_rows[j0:j1][perm]
+    return torch.cat(keys), torch.cat(counts), rows
+
+
 class Rows:
     """The rows of a (B, V) counts matrix with (B, K) float64 row weights,
     visited in batches on ``device``. ``weights=None`` means one weight
@@ -202,31 +226,53 @@ class Rows:
         hit = self._pairs.get(bi)
         if hit is not None:
             return hit
+        # The values and columns as stored, and on the CPU the rows in int32
+        # where they fit (M's indices: the product sums in the same order):
+        # no float64 or int64 copy per value (Note [Host memory of a sparse fit]).
+        b, V = cb.shape
+        cpu = cb.device.type == "cpu"
+        csc = r = None
         if isinstance(cb, SparseCounts):
-            r, c, n = cb.coo()
+            index = torch.int32 if cpu and max(b, cb.nnz) < 2 ** 31 else torch.int64
+            c, n = cb.col_indices, cb.values
+            csc = cb.kept_csc() if cpu else None
         else:
             r, c = cb.nonzero(as_tuple=True)             # row-major order
-            n = cb[r, c].to(torch.float64)
-        V = cb.shape[1]
+            n = cb[r, c]
+            index = torch.int32 if cpu and max(b, r.numel()) < 2 ** 31 else torch.int64
+            r = r.to(index)
+
+        def value_rows_of():
+            return r if r is not None else value_rows(cb.crow_indices, cb.nnz, index)
         top = float(n.max()) + 1.0 if n.numel() else 1.0
-        if bool((n == n.floor()).all()) and top * V < 2.0 ** 62:
+        whole = not n.is_floating_point() or bool((n == n.floor()).all())
+        if whole and top * V < 2.0 ** 62:
             # one int per (column, count), column-major: each column's pairs
             # adjacent; int32 keys where they fit (a radix sort of half the passes)
             kd = torch.int32 if top * V < 2.0 ** 31 else torch.int64
-            key = c.to(kd) * int(top) + n.to(kd)
-            skey, perm = torch.sort(key, stable=True)
-            skey = skey.long()
-            ukey, cnt = torch.unique_consecutive(skey, return_counts=True)
+            if csc is not None:
+                ukey, cnt, rows = _pairs_of_csc(csc, int(top), kd, index)
+            else:
+                key = c.to(kd) * int(top) + n.to(kd)
+                skey, perm = torch.sort(key, stable=True)
+                del key
+                ukey, cnt = torch.unique_consecutive(skey, return_counts=True)
+                del skey
+                rows = value_rows_of()[perm]
+                del perm
+            ukey = ukey.long()
             pcol, pcnt = ukey // int(top), (ukey % int(top)).to(torch.float64)
-            rows = r[perm]
         else:                                             # non-integer counts: no grouping
             perm = torch.sort(c, stable=True)[1]
-            pcol, pcnt, cnt, rows = c[perm], n[perm], torch.ones_like(c), r[perm]
+            pcol, pcnt = c[perm].long(), n[perm].to(torch.float64)
+            cnt = torch.ones_like(pcol)
+            rows = value_rows_of()[perm]
+            del perm
         U = pcol.shape[0]
-        crow = torch.zeros(U + 1, dtype=torch.int64, device=cb.device)
+        crow = torch.zeros(U + 1, dtype=index, device=cb.device)
         crow[1:] = cnt.cumsum(0)
         ccol = torch.searchsorted(pcol, torch.arange(V + 1, device=cb.device))
-        out = Pairs(_ones_csr(crow, rows, (U, cb.shape[0])), pcol, pcnt,
+        out = Pairs(_ones_csr(crow, rows, (U, b)), pcol, pcnt,
                     _ones_csr(ccol, torch.arange(U, device=cb.device), (V, U)))
         if self.batch_size >= self.B:
             self._pairs[bi] = out

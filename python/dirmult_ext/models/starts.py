@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from ..data.sparse_counts import SparseCounts
-from ..likelihood.sparse_stats import sq_distances
+from ..likelihood.sparse_stats import row_sq_norms, sq_distances
 from .engine import Rows
 
 __all__ = ["kmeanspp", "kmeanspp_centers", "nearest_resp", "random_responsibilities"]
@@ -29,9 +29,25 @@ def _row_props(rows: Rows, s: int, e: int):
     return _props(rows, rows.counts[s:e].to(rows.device), s, e)
 
 
-def kmeanspp_centers(rows: Rows, k: int, gen: torch.Generator) -> Tensor:
+def _prop_batches(rows: Rows):
+    """``(s, e, proportions, squared norms or None)`` of each batch, the
+    norms for sparse rows. Rows of one batch (not streamed) are made into
+    proportions once, for all the passes of one seeding; streamed ones on
+    every pass."""
+    def made(s, e, cb):
+        x = _props(rows, cb, s, e)
+        return s, e, x, (row_sq_norms(x) if rows.sparse else None)
+
+    if not rows.streaming:
+        one = [made(*b) for b in rows.count_batches()]
+        return lambda: one
+    return lambda: (made(*b) for b in rows.count_batches())
+
+
+def kmeanspp_centers(rows: Rows, k: int, gen: torch.Generator, batches=None) -> Tensor:
     """k-means++ seeds among the row proportions n / N (rows with N > 0),
-    (k, V) float64 dense."""
+    (k, V) float64 dense. ``batches``: the rows' :func:`_prop_batches`, where
+    the caller has them."""
     dev, B = rows.device, rows.B
     sparse_rows = rows.sparse
 
@@ -45,10 +61,10 @@ def kmeanspp_centers(rows: Rows, k: int, gen: torch.Generator) -> Tensor:
     first = int(torch.multinomial(valid.cpu(), 1, generator=gen))
     centers = seed_props(first)
     d2 = torch.full((B,), float("inf"), dtype=torch.float64, device=dev)
+    batches = batches or (_prop_batches(rows) if k > 1 else None)
     for _ in range(1, k):
-        for s, e, cb in rows.count_batches():
-            x = _props(rows, cb, s, e)
-            dist = (sq_distances(x, centers[-1:])[:, 0] if sparse_rows
+        for s, e, x, x2 in batches():
+            dist = (sq_distances(x, centers[-1:], x2)[:, 0] if sparse_rows
                     else ((x - centers[-1]) ** 2).sum(-1))
             d2[s:e] = torch.minimum(d2[s:e], dist)
         p = (d2 * valid).clamp_min(0)
@@ -58,15 +74,14 @@ def kmeanspp_centers(rows: Rows, k: int, gen: torch.Generator) -> Tensor:
     return centers
 
 
-def nearest_resp(rows: Rows, centers: Tensor) -> Tensor:
+def nearest_resp(rows: Rows, centers: Tensor, batches=None) -> Tensor:
     """One-hot responsibilities to the nearest center, softened (0.9 on the
     center's component, the rest spread), (B, K) float64."""
     k = centers.shape[0]
     centers = centers.to(rows.device)
     R = torch.empty(rows.B, k, dtype=torch.float64, device=rows.device)
-    for s, e, cb in rows.count_batches():
-        x = _props(rows, cb, s, e)
-        nearest = (sq_distances(x, centers) if rows.sparse
+    for s, e, x, x2 in (batches or _prop_batches(rows))():
+        nearest = (sq_distances(x, centers, x2) if rows.sparse
                    else torch.cdist(x, centers)).argmin(-1)
         R[s:e] = torch.nn.functional.one_hot(nearest, k).to(torch.float64)
     return 0.9 * R + 0.1 / k if k > 1 else R
@@ -75,7 +90,8 @@ def nearest_resp(rows: Rows, centers: Tensor) -> Tensor:
 def kmeanspp(rows: Rows, k: int, gen: torch.Generator) -> Tensor:
     """k-means++ seeding on the row proportions; the responsibilities of
     :func:`nearest_resp`."""
-    return nearest_resp(rows, kmeanspp_centers(rows, k, gen))
+    batches = _prop_batches(rows)
+    return nearest_resp(rows, kmeanspp_centers(rows, k, gen, batches), batches)
 
 
 _RESP_BLOCK = 4096      # rows per generator of the random starts

@@ -17,8 +17,8 @@ from .dense import SINGLE_PASS_MIN_ROWS_CPU
 from .dispatch import eager, is_uniform
 from .library import ops
 
-__all__ = ["csc_parts", "row_of_nonzero", "remember_csc", "single_pass_applies",
-           "CsrSinglePass"]
+__all__ = ["csc_parts", "csc_parts_in_blocks", "row_of_nonzero", "remember_csc",
+           "single_pass_applies", "CsrSinglePass"]
 
 
 # ------------------------------------------------------- the column-sorted copy
@@ -39,11 +39,41 @@ def csc_parts(crow: Tensor, col: Tensor, values: Tensor, V: int,
     ``rows``: the row of each value where the caller has it."""
     if rows is None:
         rows = row_of_nonzero(crow, col.shape[0])
-    perm = torch.argsort(col, stable=True)
-    sorted_col = col[perm]
+    sorted_col, perm = torch.sort(col, stable=True)
     bounds = torch.arange(V + 1, dtype=col.dtype, device=col.device)
     ptr = torch.searchsorted(sorted_col, bounds)
-    return ptr.to(crow.dtype), rows[perm].to(crow.dtype), values[perm]
+    del sorted_col
+    return ptr.to(crow.dtype), rows.to(crow.dtype)[perm], values[perm]
+
+
+def csc_parts_in_blocks(crow: Tensor, col: Tensor, values: Tensor, V: int,
+                        bounds) -> Tuple[Tensor, Tensor, Tensor]:
+    """:func:`csc_parts` a block of rows at a time (``bounds``: the row
+    ranges ``[(s, e), ...]`` in order): each block's values sorted by column
+    (stably) and written at their columns' next free places, so the order is
+    the whole sort's (the columns in turn, each column's rows increasing)
+    with one block's temporaries beside the copy, not a sort's of the whole."""
+    nnz = col.shape[0]
+    ptr = torch.zeros(V + 1, dtype=torch.int64, device=col.device)
+    ptr[1:] = torch.bincount(col, minlength=V).cumsum(0)
+    free = ptr[:-1].clone()                         # each column's next free place
+    rows = torch.empty(nnz, dtype=crow.dtype, device=col.device)
+    out = torch.empty_like(values)
+    for s, e in bounds:
+        j0, j1 = int(crow[s]), int(crow[e])
+        c = col[j0:j1]
+        sorted_col, perm = torch.sort(c, stable=True)
+        rank = torch.arange(j1 - j0, device=col.device) - torch.searchsorted(sorted_col,
+                                                                              sorted_col)
+        at = free.index_select(0, sorted_col) + rank
+        del sorted_col, rank
+        block_rows = torch.repeat_interleave(
+            torch.arange(s, e, dtype=crow.dtype, device=col.device), crow[s:e + 1].diff(),
+            output_size=j1 - j0)
+        rows[at] = block_rows[perm]
+        out[at] = values[j0:j1][perm]
+        free += torch.bincount(c, minlength=V)
+    return ptr.to(crow.dtype), rows, out
 
 
 # The column-sorted copy of a prepared matrix (SparseCounts.csc()), by id of
